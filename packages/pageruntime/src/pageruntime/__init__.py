@@ -1,0 +1,1 @@
+"""Continuous-batching scheduler that emits paged-attention metadata."""
