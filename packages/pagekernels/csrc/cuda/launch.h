@@ -1,0 +1,44 @@
+// CUDA entry points called from the primitives' eval_gpu (compiled only with PAGEKERNELS_CUDA).
+// This header stays off mlx/ops.h and mlx/primitives.h: nvcc 13 + GCC 13 cannot parse ops.h.
+// Each function allocates its outputs, registers inputs/outputs with MLX's CUDA command encoder,
+// and launches through cudaGetFuncBySymbol + add_kernel_node_ex (see the MLX extension notes).
+// Inputs arrive validated by the op functions (ranks, dtypes, shapes); kernels still guard every
+// page read through PagedKVLayout.
+#pragma once
+
+#include "mlx/array.h"
+#include "mlx/stream.h"
+
+namespace pagekernels::cuda {
+
+namespace mx = mlx::core;
+
+// q [B,Hq,L,D]; k_pages/v_pages [P,Hkv,page_size,D]; block_table int32 [B,max_pages];
+// context_lens int32 [B]; out [B,Hq,L,D] (q's dtype). Chooses decode (L <= 8) or prefill schedule.
+void paged_attention(const mx::array& q, const mx::array& k_pages, const mx::array& v_pages,
+                     const mx::array& block_table, const mx::array& context_lens, mx::array& out,
+                     float scale, bool causal, const mx::Stream& s);
+
+// In place: k_out/v_out alias k_pages/v_pages. keys/values [T,Hkv,D]; slot_mapping int32 [T],
+// negative slots skipped.
+void write_kv(const mx::array& k_pages, const mx::array& v_pages, const mx::array& keys,
+              const mx::array& values, const mx::array& slot_mapping, mx::array& k_out,
+              mx::array& v_out, const mx::Stream& s);
+
+// k_out/v_out [B,Hkv,max_pages*page_size,D]; zeros past context_lens[b].
+void gather_kv(const mx::array& k_pages, const mx::array& v_pages, const mx::array& block_table,
+               const mx::array& context_lens, mx::array& k_out, mx::array& v_out,
+               const mx::Stream& s);
+
+// q [B,Hq,L,D]; k/v [B,Hkv,S,D]; key_lens int32 [B] (valid keys per row; causal aligned to it).
+void dense_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                     const mx::array& key_lens, mx::array& out, float scale, bool causal,
+                     const mx::Stream& s);
+
+// indices int32 [N]; weight uint32 [V, dims*bits/32]; scales/biases [V, dims/group_size];
+// out [N, dims] in scales' dtype.
+void quantized_embedding(const mx::array& indices, const mx::array& weight,
+                         const mx::array& scales, const mx::array& biases, mx::array& out,
+                         int group_size, int bits, const mx::Stream& s);
+
+}  // namespace pagekernels::cuda
