@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The whole GPU job in one device call: install the Python packages, build the CUDA variant of
+# pagekernels, run the test suite on the GPU, run the benchmarks, and leave logs + JSON in $OUT.
+#
+# On the lent H200 (see ../shared/device/README.md for staging MLX first):
+#   call 1: carry [".gpu-a"], command: bash .gpu-a/stash.sh
+#   call 2: carry [".gpu-b", ".whl"], command:
+#           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
+# Stages (default: all): build test bench serve. .whl/ holds wheels the machine lacks
+# (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+STAGES=${*:-build test bench serve}
+COMMIT=${COMMIT:-unknown}
+export PYTHONUNBUFFERED=1
+
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+section() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
+
+section "environment"
+python3 - <<'EOF' | tee "$OUT/env.txt"
+import platform, mlx.core as mx
+print("python", platform.python_version(), "mlx", mx.__version__, "cuda", mx.cuda.is_available())
+print("default device", mx.default_device())
+EOF
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/env.txt"
+echo "commit $COMMIT" | tee -a "$OUT/env.txt"
+
+if has_stage build; then
+  section "install packages"
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+    -e packages/pagepool -e packages/pageruntime -e packages/qwen3model || exit 1
+  section "build pagekernels (CUDA)"
+  start=$(date +%s)
+  if ! PAGEKERNELS_CUDA=1 python3 -m pip install --no-index --no-deps --no-build-isolation \
+      -v -e packages/pagekernels >"$OUT/build.log" 2>&1; then
+    tail -n 60 "$OUT/build.log"; exit 1
+  fi
+  echo "built in $(( $(date +%s) - start )) s"
+  grep -E "registers|spill|error" "$OUT/build.log" | tail -n 40
+  python3 -c "import pagekernels, pagekernels.native as n; print('pagekernels', pagekernels.__file__)"
+fi
+
+if has_stage test; then
+  section "tests on the GPU (default device: gpu)"
+  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
+    packages/pagekernels/tests packages/pagepool/tests packages/pageruntime/tests \
+    packages/qwen3model/tests tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 40
+fi
+
+if has_stage bench; then
+  section "operator benchmarks"
+  if [ -f benchmarks/attention.py ]; then
+    python3 benchmarks/attention.py --device gpu --json-output "$OUT/attention.json" \
+      2>&1 | tee "$OUT/attention.log" | tail -n 60
+  fi
+fi
+
+if has_stage serve; then
+  section "serving benchmark"
+  python3 -m qwen3model serve-bench --device gpu --json-output "$OUT/serving.json" \
+    2>&1 | tee "$OUT/serving.log" | tail -n 40
+fi
+section "done"
