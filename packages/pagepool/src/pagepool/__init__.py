@@ -1,1 +1,41 @@
-"""Paged KV storage: page allocator with ownership and copy-on-write, per-request page lists, per-step batch metadata, KV page storage."""
+"""Paged KV storage: page allocator with ownership and copy-on-write, per-request page lists,
+per-step batch metadata, KV page storage.
+"""
+
+from importlib.metadata import version
+
+from pagepool.errors import (
+    InvalidArgument,
+    InvalidMetadata,
+    InvalidPageId,
+    PageAlreadyFree,
+    PageListReleased,
+    PagePoolError,
+    PoolExhausted,
+)
+from pagepool.metadata import BatchMetadata
+from pagepool.metrics import PoolMetrics
+from pagepool.pagelist import AppendResult, PageList
+from pagepool.pool import GrowthListener, PageCopy, PagePool
+from pagepool.storage import KVStorage
+
+__version__ = version("pagepool")
+
+__all__ = [
+    "AppendResult",
+    "BatchMetadata",
+    "GrowthListener",
+    "InvalidArgument",
+    "InvalidMetadata",
+    "InvalidPageId",
+    "KVStorage",
+    "PageAlreadyFree",
+    "PageCopy",
+    "PageList",
+    "PageListReleased",
+    "PagePool",
+    "PagePoolError",
+    "PoolExhausted",
+    "PoolMetrics",
+    "__version__",
+]
