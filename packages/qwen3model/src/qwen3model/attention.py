@@ -1,0 +1,102 @@
+"""Qwen3 attention: projections, per-head q/k RMSNorm, RoPE, and a per-step `StepAttention`
+that stores this step's K/V and attends (paged, paged + gather, or dense without pages)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from qwen3model.config import ModelArgs
+
+__all__ = ["Attention", "AttentionMode", "StepAttention"]
+
+
+class AttentionMode(StrEnum):
+    """How a model stores K/V and runs attention.
+
+    PAGED: K/V in pages, `write_kv` + `paged_attention` (the serving path).
+    GATHER: K/V in pages, `write_kv` + `gather_kv` + `dense_attention` (the dense-gather
+        ablation, `--disable-paged-attention`).
+    DENSE: no pages: per-request contiguous caches repacked into a dense batch every step
+        and run through `dense_attention` (the "Week 2" baseline).
+    """
+
+    PAGED = "paged"
+    GATHER = "gather"
+    DENSE = "dense"
+
+
+class StepAttention(Protocol):
+    """One model call's K/V store and attention, shared by every layer.
+
+    Built once per step from the step's metadata, so layers never re-read or re-validate it.
+
+    Attributes:
+        copied_bytes: K/V bytes this step copied outside the attention kernel (gathers,
+            repacks), counted on the host from shapes.
+    """
+
+    copied_bytes: int
+
+    def __call__(self, layer: int, queries: mx.array, keys: mx.array, values: mx.array) -> mx.array:
+        """Stores layer `layer`'s new `keys`/`values` and attends to the row's whole context.
+
+        Args:
+            layer: Layer index.
+            queries: `[B, Hq, L, D]`, RoPE applied.
+            keys: `[B, Hkv, L, D]`, RoPE applied, the step's new keys.
+            values: `[B, Hkv, L, D]`, the step's new values.
+
+        Returns:
+            `[B, Hq, L, D]` attention output (causal: query `l` sees the context up to itself).
+        """
+        ...
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with q/k RMSNorm per head before RoPE (Qwen3).
+
+    Args:
+        args: The network's shape.
+        layer_index: This layer's index (selects its K/V in the step's store).
+    """
+
+    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_heads = args.num_attention_heads
+        self.n_kv_heads = args.num_key_value_heads
+        self.head_dim = args.head_dim
+        self.rope_theta = args.rope_theta
+        hidden, D = args.hidden_size, args.head_dim
+        self.q_proj = nn.Linear(hidden, self.n_heads * D, bias=False)
+        self.k_proj = nn.Linear(hidden, self.n_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(hidden, self.n_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * D, hidden, bias=False)
+        self.q_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, offsets: mx.array, attention: StepAttention) -> mx.array:
+        """Attends `x` `[B, L, hidden]`; `offsets` int32 `[B]` holds each row's first position.
+
+        Returns:
+            `[B, L, hidden]` in the weights' dtype.
+        """
+        B, L, _ = x.shape
+        D = self.head_dim
+        queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, D))
+        keys = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, D))
+        values = self.v_proj(x).reshape(B, L, self.n_kv_heads, D).transpose(0, 2, 1, 3)
+        queries = self._rope(queries.transpose(0, 2, 1, 3), offsets)
+        keys = self._rope(keys.transpose(0, 2, 1, 3), offsets)
+        output = attention(self.layer_index, queries, keys, values)
+        return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, self.n_heads * D))
+
+    def _rope(self, x: mx.array, offsets: mx.array) -> mx.array:
+        # Qwen3 rotates the two halves of each head (traditional=False), as Hugging Face does.
+        return mx.fast.rope(
+            x, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=offsets
+        )

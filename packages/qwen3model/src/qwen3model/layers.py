@@ -1,0 +1,86 @@
+"""The Qwen3 blocks around attention: SwiGLU MLP, the transformer block, and the backbone
+(embedding, blocks, final norm), with Hugging Face parameter names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from qwen3model.attention import Attention, StepAttention
+from qwen3model.config import ModelArgs
+
+if TYPE_CHECKING:
+    from pagekernels import KernelBackend
+
+__all__ = ["MLP", "Qwen3Backbone", "TransformerBlock"]
+
+
+class MLP(nn.Module):
+    """SwiGLU: `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """Maps `[..., hidden]` to `[..., hidden]` in the weights' dtype."""
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: `x + attn(norm(x))`, then `h + mlp(norm(h))`."""
+
+    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(args, layer_index)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, offsets: mx.array, attention: StepAttention) -> mx.array:
+        """Runs the block on `x` `[B, L, hidden]`; `offsets` int32 `[B]` is each row's first
+        position; `attention` stores and attends K/V for this step. Returns `[B, L, hidden]`."""
+        h = x + self.self_attn(self.input_layernorm(x), offsets, attention)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3Backbone(nn.Module):
+    """Token embedding, the transformer blocks and the final norm (`model.*` in checkpoints).
+
+    Args:
+        args: The network's shape.
+        backend: Kernel backend; its `quantized_embedding` looks up quantized embeddings.
+    """
+
+    def __init__(self, args: ModelArgs, backend: KernelBackend) -> None:
+        super().__init__()
+        self.backend = backend
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """Looks up int32 `tokens` `[B, L]`; returns `[B, L, hidden]`."""
+        embedding = self.embed_tokens
+        if isinstance(embedding, nn.QuantizedEmbedding):
+            return self.backend.quantized_embedding(
+                tokens,
+                embedding.weight,
+                embedding.scales,
+                embedding.biases,
+                group_size=embedding.group_size,
+                bits=embedding.bits,
+            )
+        return embedding(tokens)
+
+    def __call__(self, tokens: mx.array, offsets: mx.array, attention: StepAttention) -> mx.array:
+        """Runs every block on int32 `tokens` `[B, L]`; returns normed hidden states
+        `[B, hidden]` of each row's last position."""
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h, offsets, attention)
+        return self.norm(h[:, -1, :])

@@ -1,0 +1,150 @@
+"""`Qwen3Model`: the Qwen3 network as a `pageruntime.StepModel` (one call per scheduler step,
+K/V in pages), with the gather and dense baselines selected by `AttentionMode`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pagepool import BatchMetadata, KVStorage, PagePool
+from qwen3model.attention import AttentionMode, StepAttention
+from qwen3model.config import ModelArgs, QuantizationArgs
+from qwen3model.dense_baseline import DenseKVStore, DenseStepAttention
+from qwen3model.layers import Qwen3Backbone
+from qwen3model.paged import GatherStepAttention, PagedStepAttention
+
+if TYPE_CHECKING:
+    from pagekernels import KernelBackend
+
+__all__ = ["Qwen3Model"]
+
+
+class Qwen3Model(nn.Module):
+    """Qwen3 for causal generation; implements `pageruntime.StepModel`.
+
+    Parameters carry Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), so
+    checkpoints load after a tiny `sanitize`.
+
+    Args:
+        args: The network's shape.
+        backend: Kernel backend (`pagekernels.get_backend(...)`).
+        attention_mode: `PAGED` (serving path), `GATHER` or `DENSE` (baselines).
+        max_seq_len: Longest request (prompt + output) to serve; defaults to
+            `args.max_position_embeddings`.
+
+    Attributes:
+        copied_bytes: K/V bytes copied outside the attention kernel so far (gathers or repacks;
+            0 on the paged path).
+    """
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        *,
+        backend: KernelBackend,
+        attention_mode: AttentionMode = AttentionMode.PAGED,
+        max_seq_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.args = args
+        self.backend = backend
+        self.attention_mode = AttentionMode(attention_mode)
+        limit = args.max_position_embeddings if max_seq_len is None else max_seq_len
+        if not 0 < limit <= args.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len={max_seq_len}, expected 1..{args.max_position_embeddings} "
+                "(max_position_embeddings)"
+            )
+        self._max_seq_len = limit
+        self.model = Qwen3Backbone(args, backend)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.copied_bytes = 0
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest request, in tokens (prompt + output), the model serves."""
+        return self._max_seq_len
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """Activation and K/V dtype (the norms' dtype; quantized layers keep float scales)."""
+        return self.model.norm.weight.dtype
+
+    def make_kv_storage(self, pool: PagePool) -> KVStorage:
+        """K/V storage for `pool`: page arrays per layer, or dense caches in `DENSE` mode."""
+        storage_type = DenseKVStore if self.attention_mode is AttentionMode.DENSE else KVStorage
+        return storage_type(
+            pool,
+            num_layers=self.args.num_hidden_layers,
+            num_kv_heads=self.args.num_key_value_heads,
+            head_dim=self.args.head_dim,
+            dtype=self.dtype,
+        )
+
+    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+        """Runs one scheduler step: stores the new tokens' K/V and returns next-token logits.
+
+        Builds no host synchronisation: every array comes from `metadata`, built once.
+
+        Args:
+            tokens: int32 `[B, L]`, row b's `L` new tokens (`L = metadata.query_len`).
+            metadata: The step's page tables (`BatchMetadata.build`), shared by every layer.
+            kv: The storage `make_kv_storage` returned; updated in place.
+
+        Returns:
+            float32 `[B, vocab]` logits of every row's last position.
+
+        Raises:
+            ValueError: `tokens` does not match `metadata`.
+            TypeError: `kv` is not the kind of storage this model's attention mode uses.
+        """
+        B, L = metadata.batch_size, metadata.query_len
+        if tokens.ndim != 2 or tuple(tokens.shape) != (B, L):
+            raise ValueError(
+                f"tokens has shape {tuple(tokens.shape)}, expected ({B}, {L}) [B, L] from metadata"
+            )
+        attention = self._step_attention(metadata, kv)
+        offsets = metadata.positions.reshape(B, L)[:, 0]
+        hidden = self.model(tokens, offsets, attention)
+        self.copied_bytes += attention.copied_bytes
+        return self.logits(hidden)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Maps normed hidden states `[..., hidden]` to float32 logits `[..., vocab]`."""
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(hidden).astype(mx.float32)
+        return self.lm_head(hidden).astype(mx.float32)
+
+    def _step_attention(self, metadata: BatchMetadata, kv: KVStorage) -> StepAttention:
+        scale = self.args.head_dim**-0.5
+        dense_store = isinstance(kv, DenseKVStore)
+        if self.attention_mode is AttentionMode.DENSE:
+            if not dense_store:
+                raise TypeError(f"the dense baseline needs its DenseKVStore, got {kv!r}")
+            return DenseStepAttention(self.backend, kv, metadata, scale)
+        # A dense cache handed to the paged model is a programming error, never a fallback.
+        if dense_store or not isinstance(kv, KVStorage):
+            raise TypeError(f"{self.attention_mode.value} attention needs page storage, got {kv!r}")
+        if self.attention_mode is AttentionMode.GATHER:
+            return GatherStepAttention(self.backend, kv, metadata, scale)
+        return PagedStepAttention(self.backend, kv, metadata, scale)
+
+    def quantize(self, quantization: QuantizationArgs) -> None:
+        """Quantizes every linear layer and the embedding in place (MLX affine, the
+        mlx-community layout) and records it in `args`, so `save_pretrained` writes it."""
+        nn.quantize(self, group_size=quantization.group_size, bits=quantization.bits)
+        self.args = self.args.with_quantization(quantization)
+
+    @staticmethod
+    def sanitize(weights: Mapping[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
+        """Drops checkpoint entries the model does not hold (a tied `lm_head`, RoPE tables)."""
+        return {
+            name: array
+            for name, array in weights.items()
+            if "rotary_emb.inv_freq" not in name
+            and not (args.tie_word_embeddings and name.startswith("lm_head."))
+        }

@@ -1,0 +1,93 @@
+"""Step attention over K/V pages: `PagedStepAttention` (write_kv + paged_attention, the serving
+path) and `GatherStepAttention` (write_kv + gather_kv + dense_attention, the ablation)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from pagepool import BatchMetadata, KVStorage
+
+if TYPE_CHECKING:
+    from pagekernels import KernelBackend
+
+__all__ = ["GatherStepAttention", "PagedStepAttention"]
+
+
+class PagedStepAttention:
+    """Writes each layer's new K/V into its pages, then runs `paged_attention` on the pages.
+
+    Args:
+        backend: Kernel backend.
+        kv: Per-layer page arrays; updated in place through `update_layer`.
+        metadata: The step's block table, context lengths and slot mapping.
+        scale: Softmax scale (`head_dim ** -0.5`).
+
+    Attributes:
+        copied_bytes: K/V bytes copied outside the pages this step (always 0 here).
+    """
+
+    def __init__(
+        self, backend: KernelBackend, kv: KVStorage, metadata: BatchMetadata, scale: float
+    ) -> None:
+        self.backend = backend
+        self.kv = kv
+        self.metadata = metadata
+        self.scale = scale
+        self.copied_bytes = 0
+
+    def write(self, layer: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Stores `keys`/`values` `[B, Hkv, L, D]` at the step's slots; returns the layer's
+        updated `(key_pages, value_pages)`, each `[P, Hkv, page_size, D]`."""
+        B, Hkv, L, D = keys.shape
+        key_pages, value_pages = self.backend.write_kv(
+            self.kv.keys[layer],
+            self.kv.values[layer],
+            keys.transpose(0, 2, 1, 3).reshape(B * L, Hkv, D),
+            values.transpose(0, 2, 1, 3).reshape(B * L, Hkv, D),
+            self.metadata.slot_mapping,
+        )
+        self.kv.update_layer(layer, key_pages, value_pages)
+        return key_pages, value_pages
+
+    def __call__(self, layer: int, queries: mx.array, keys: mx.array, values: mx.array) -> mx.array:
+        """See `StepAttention`."""
+        key_pages, value_pages = self.write(layer, keys, values)
+        md = self.metadata
+        return self.backend.paged_attention(
+            queries,
+            key_pages,
+            value_pages,
+            md.block_table,
+            md.context_lens,
+            md.page_size,
+            scale=self.scale,
+            mask="causal",
+        )
+
+
+class GatherStepAttention(PagedStepAttention):
+    """Writes K/V into pages like the paged path, then gathers each row's pages into a dense
+    `[B, Hkv, max_pages * page_size, D]` tensor and runs `dense_attention` on it.
+
+    `copied_bytes` counts the K and V bytes every gather materialises (from shapes, on the
+    host: no synchronisation).
+    """
+
+    def __call__(self, layer: int, queries: mx.array, keys: mx.array, values: mx.array) -> mx.array:
+        """See `StepAttention`."""
+        key_pages, value_pages = self.write(layer, keys, values)
+        md = self.metadata
+        dense_keys, dense_values = self.backend.gather_kv(
+            key_pages, value_pages, md.block_table, md.context_lens, md.page_size
+        )
+        self.copied_bytes += dense_keys.nbytes + dense_values.nbytes
+        return self.backend.dense_attention(
+            queries,
+            dense_keys,
+            dense_values,
+            scale=self.scale,
+            mask="causal",
+            key_lens=md.context_lens,
+        )

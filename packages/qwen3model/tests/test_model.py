@@ -1,0 +1,124 @@
+"""Qwen3Model: the network against a readable numpy Qwen3, and the step contract."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from pagepool import BatchMetadata, KVStorage, PageList, PagePool
+from qwen3model import AttentionMode, DenseKVStore, ModelArgs, Qwen3Model, build_synthetic
+
+PROMPT = list(b"Paged attention reads K/V through a block table.")
+
+
+def numpy_qwen3_logits(model: Qwen3Model, tokens: list[int]) -> np.ndarray:
+    """Hugging Face's Qwen3 forward written out in float64 numpy; logits `[L, vocab]`."""
+    args: ModelArgs = model.args
+    w = {name: np.array(a, dtype=np.float64) for name, a in tree_flatten(model.parameters())}
+    eps, D = args.rms_norm_eps, args.head_dim
+    Hq, Hkv, L = args.num_attention_heads, args.num_key_value_heads, len(tokens)
+
+    def rms_norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+    inv_freq = args.rope_theta ** (-np.arange(0, D, 2) / D)
+    angles = np.arange(L)[:, None] * inv_freq[None, :]  # [L, D/2]
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+
+    def rope(x: np.ndarray) -> np.ndarray:  # x [H, L, D]; rotate_half as in transformers
+        rotated = np.concatenate([-x[..., D // 2 :], x[..., : D // 2]], -1)
+        return x * cos + rotated * sin
+
+    h = w["model.embed_tokens.weight"][tokens]
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        x = rms_norm(h, w[p + "input_layernorm.weight"])
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(L, Hq, D)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(L, Hkv, D)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(L, Hkv, D).transpose(1, 0, 2)
+        q = rope(rms_norm(q, w[p + "self_attn.q_norm.weight"]).transpose(1, 0, 2))
+        k = rope(rms_norm(k, w[p + "self_attn.k_norm.weight"]).transpose(1, 0, 2))
+        k, v = np.repeat(k, Hq // Hkv, 0), np.repeat(v, Hq // Hkv, 0)
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(D)
+        scores = np.where(np.tril(np.ones((L, L), bool)), scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = (probs @ v).transpose(1, 0, 2).reshape(L, Hq * D)
+        h = h + attn @ w[p + "self_attn.o_proj.weight"].T
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"])
+        gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+        h = h + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    h = rms_norm(h, w["model.norm.weight"])
+    return h @ w["model.embed_tokens.weight"].T
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("mode", list(AttentionMode))
+def test_prefill_matches_numpy_qwen3(backend, prefill, mode: AttentionMode) -> None:
+    model, _ = build_synthetic("qwen3-tiny", backend=backend, attention_mode=mode)
+    expected = numpy_qwen3_logits(model, PROMPT)[-1]
+    got = np.array(prefill(model, PROMPT, page_size=8), dtype=np.float64)
+    np.testing.assert_allclose(log_softmax(got), log_softmax(expected), atol=1e-4)
+
+
+def test_bfloat16_prefill_is_close_to_float32(backend, prefill) -> None:
+    f32, _ = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.float32)
+    bf16, _ = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.bfloat16)
+    assert bf16.dtype == mx.bfloat16
+    expected = log_softmax(np.array(prefill(f32, PROMPT)))
+    got = log_softmax(np.array(prefill(bf16, PROMPT)))
+    np.testing.assert_allclose(got, expected, atol=5e-2)
+
+
+def test_synthetic_weights_are_seeded(backend) -> None:
+    a, _ = build_synthetic("qwen3-tiny", backend=backend, seed=1)
+    b, _ = build_synthetic("qwen3-tiny", backend=backend, seed=1)
+    c, _ = build_synthetic("qwen3-tiny", backend=backend, seed=2)
+    name = "model.layers.1.mlp.up_proj.weight"
+    weights = [dict(tree_flatten(m.parameters()))[name] for m in (a, b, c)]
+    assert mx.array_equal(weights[0], weights[1]).item()
+    assert not mx.array_equal(weights[0], weights[2]).item()
+    assert float(weights[0].std()) == pytest.approx(0.02, rel=0.1)
+    assert mx.array_equal(a.model.norm.weight, mx.ones((64,))).item()
+
+
+def _one_row(pool: PagePool, num_tokens: int) -> tuple[BatchMetadata, PageList]:
+    pages = PageList(pool)
+    pages.append(num_tokens)
+    return BatchMetadata.build([pages], query_len=num_tokens), pages
+
+
+def test_step_rejects_tokens_that_do_not_match_metadata(tiny) -> None:
+    model, _ = tiny
+    pool = PagePool(4, 8)
+    kv = model.make_kv_storage(pool)
+    metadata, _ = _one_row(pool, 3)
+    with pytest.raises(ValueError, match=r"expected \(1, 3\)"):
+        model.step(mx.zeros((1, 2), dtype=mx.int32), metadata, kv)
+
+
+def test_dense_cache_given_to_paged_model_is_an_error(backend) -> None:
+    paged, _ = build_synthetic("qwen3-tiny", backend=backend)
+    dense, _ = build_synthetic("qwen3-tiny", backend=backend, attention_mode="dense")
+    pool = PagePool(4, 8)
+    dense_kv, paged_kv = dense.make_kv_storage(pool), paged.make_kv_storage(pool)
+    assert isinstance(dense_kv, DenseKVStore) and type(paged_kv) is KVStorage
+    metadata, _ = _one_row(pool, 3)
+    tokens = mx.zeros((1, 3), dtype=mx.int32)
+    with pytest.raises(TypeError, match="needs page storage"):
+        paged.step(tokens, metadata, dense_kv)
+    with pytest.raises(TypeError, match="DenseKVStore"):
+        dense.step(tokens, metadata, paged_kv)
+
+
+def test_max_seq_len_is_bounded_by_the_config(backend) -> None:
+    model, _ = build_synthetic("qwen3-tiny", backend=backend, max_seq_len=100)
+    assert model.max_seq_len == 100
+    with pytest.raises(ValueError, match="max_seq_len"):
+        build_synthetic("qwen3-tiny", backend=backend, max_seq_len=10_000)
