@@ -1,0 +1,318 @@
+"""`Engine`: continuous batching over a `StepModel`, its KV pages, and a sampler.
+
+One step = plan (scheduler) -> copy-on-write copies -> one batched decode call -> one call per
+prefill chunk -> one host synchronisation that samples every row -> bookkeeping and events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+from pagepool import KVStorage, PagePool
+from pageruntime.errors import RequestFailed, RequestRejected
+from pageruntime.events import emit
+from pageruntime.protocols import Sampler, StepModel
+from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
+from pageruntime.runner import StepRunner
+from pageruntime.sampling import SamplingParams, sample_tokens
+from pageruntime.scheduler import AdmissionPolicy, Scheduler
+from pageruntime.stats import EngineStats, StatsRecorder
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Serves many requests at once on a fixed pool of KV pages.
+
+    Args:
+        model: The model; the engine calls `model.make_kv_storage(pool)` once.
+        num_pages: KV pool capacity in pages (the memory cap), >= 1.
+        page_size: Tokens per page, >= 1.
+        max_batch_size: Most requests running at once (the decode batch), >= 1.
+        prefill_step: Prefill tokens per step, over all chunks, >= 1.
+        admission: `reserve` or `optimistic` (see `AdmissionPolicy`).
+        sampler: Picks tokens from logits; `sample_tokens` by default.
+
+    Raises:
+        ValueError: A size is not an int >= 1, or `admission` is unknown.
+        TypeError: `model` lacks the `StepModel` methods, or its storage is not a
+            `KVStorage` over the engine's pool.
+
+    Example:
+        >>> engine = Engine(model, num_pages=64, page_size=16)
+        >>> [out.output_ids for out in engine.generate([[1, 2, 3]], SamplingParams())]
+    """
+
+    def __init__(
+        self,
+        model: StepModel,
+        *,
+        num_pages: int,
+        page_size: int = 16,
+        max_batch_size: int = 4,
+        prefill_step: int = 128,
+        admission: AdmissionPolicy | str = AdmissionPolicy.RESERVE,
+        sampler: Sampler | None = None,
+    ) -> None:
+        sizes = dict(num_pages=num_pages, page_size=page_size, max_batch_size=max_batch_size)
+        for name, value in {**sizes, "prefill_step": prefill_step}.items():
+            _check_positive_int(name, value)
+        if not isinstance(model, StepModel):
+            raise TypeError(f"model must implement StepModel, got {type(model).__name__}")
+        _check_positive_int("model.max_seq_len", model.max_seq_len)
+        self._model = model
+        self._max_seq_len = model.max_seq_len
+        self._pool = PagePool(page_size, num_pages)
+        self._kv = model.make_kv_storage(self._pool)
+        if not isinstance(self._kv, KVStorage) or self._kv.pool is not self._pool:
+            raise TypeError("model.make_kv_storage(pool) must return a KVStorage over that pool")
+        self._runner = StepRunner(
+            model,
+            self._kv,
+            sample_tokens if sampler is None else sampler,
+            max_batch_size=max_batch_size,
+            max_row_pages=min(-(-self._max_seq_len // page_size), num_pages),
+        )
+        self._scheduler = Scheduler(
+            self._pool,
+            max_batch_size=max_batch_size,
+            prefill_step=prefill_step,
+            admission=AdmissionPolicy(admission),
+            max_seq_len=self._max_seq_len,
+        )
+        self._requests: dict[int, Request] = {}  # unfinished requests only
+        self._num_submitted = 0
+        self._pending: list[TokenEvent] = []  # ends that happened between steps (aborts)
+        self._stats = StatsRecorder()
+
+    @property
+    def pool(self) -> PagePool:
+        """The KV page pool (read it; the engine owns every page)."""
+        return self._pool
+
+    @property
+    def stats(self) -> EngineStats:
+        """Counters so far, with the pool's metrics."""
+        return self._stats.snapshot(
+            pool=self._pool.metrics(), preemptions=self._scheduler.num_preemptions
+        )
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
+        """Queue a request; it is admitted by a later `step`.
+
+        Args:
+            prompt_ids: Prompt token ids, at least one, fewer than the model's `max_seq_len`.
+            params: Sampling parameters; `SamplingParams()` (greedy) by default.
+
+        Returns:
+            The request id (submission order, from 0).
+
+        Raises:
+            RequestRejected: The prompt is empty, not ints >= 0, too long for the model, or
+                the request could never fit in the KV pool; nothing was queued.
+            TypeError: `params` is not a `SamplingParams`.
+        """
+        return self._submit(*self._validated(prompt_ids, params)).request_id
+
+    def abort(self, request_id: int) -> bool:
+        """End a request now and free its pages; the next `step` reports it as aborted.
+
+        Returns:
+            True if it was unfinished, False if it had already finished.
+
+        Raises:
+            KeyError: No request with this id was ever submitted.
+        """
+        if not 0 <= request_id < self._num_submitted:
+            raise KeyError(
+                f"no request with id {request_id} (ids so far: 0..{self._num_submitted - 1})"
+            )
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        self._pending.append(self._end(request, FinishReason.ABORTED, self._stats.steps))
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self._requests)
+
+    def step(self) -> list[TokenEvent]:
+        """Run one scheduler step and report what happened, in order.
+
+        Returns:
+            One event per produced token (the last one of a request has `finished`), plus one
+            per request that ended without a token (abort, failure).
+        """
+        events, _ = self._step()
+        return events
+
+    def stream(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> Iterator[int]:
+        """Submit a request now and iterate over its tokens as they are produced.
+
+        Iterating runs engine steps, so other requests keep running meanwhile. Closing the
+        iterator early aborts the request.
+
+        Raises:
+            RequestRejected, TypeError: As `add_request`, at call time.
+            RequestFailed: While iterating, if the request failed (after its tokens so far).
+        """
+        return self._stream(self._submit(*self._validated(prompt_ids, params)))
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion and return their outputs in submission order.
+
+        Args:
+            prompts: Prompt token ids, one sequence per request.
+            params: One `SamplingParams` for all, one per prompt, or None for the default.
+
+        Returns:
+            One `RequestOutput` per prompt; a failed request has `finish_reason` failed and
+            its `error`.
+
+        Raises:
+            RequestRejected, TypeError: As `add_request`, before anything is queued.
+            ValueError: `params` is a sequence of another length than `prompts`.
+        """
+        if params is None or isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        validated = [self._validated(p, q) for p, q in zip(prompts, params, strict=True)]
+        requests = [self._submit(prompt_ids, p) for prompt_ids, p in validated]
+        while not all(request.finished for request in requests):
+            self._step_with_progress()
+        return [request.output() for request in requests]
+
+    # -- submission ------------------------------------------------------------------------
+
+    def _validated(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None
+    ) -> tuple[tuple[int, ...], SamplingParams]:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+            raise RequestRejected(f"prompt_ids must be a sequence of ints, got {prompt_ids!r}")
+        prompt = tuple(prompt_ids)
+        if not prompt or not all(_is_token_id(t) for t in prompt):
+            raise RequestRejected(f"prompt_ids must be one or more ints >= 0, got {prompt!r:.80}")
+        if len(prompt) >= self._max_seq_len:
+            raise RequestRejected(
+                f"prompt has {len(prompt)} tokens but the model's max_seq_len is "
+                f"{self._max_seq_len}; it must be shorter to leave room for output"
+            )
+        self._scheduler.check_admissible(len(prompt), params.max_new_tokens)
+        return tuple(t.__index__() for t in prompt), params
+
+    def _submit(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> Request:
+        request = Request(self._num_submitted, prompt_ids, params, max_seq_len=self._max_seq_len)
+        self._num_submitted += 1
+        self._requests[request.request_id] = request
+        self._scheduler.add(request)
+        return request
+
+    def _stream(self, request: Request) -> Iterator[int]:
+        num_yielded = 0
+        try:
+            while True:
+                while num_yielded < len(request.output_ids):
+                    yield request.output_ids[num_yielded]
+                    num_yielded += 1
+                if request.finished:
+                    break
+                self._step_with_progress()
+            if request.finish_reason is FinishReason.FAILED:
+                raise RequestFailed(request.request_id, request.error) from request.error
+        finally:
+            if not request.finished:
+                self.abort(request.request_id)
+
+    def _step_with_progress(self) -> None:
+        events, did_work = self._step()
+        if not events and not did_work:
+            raise RuntimeError("internal error: the engine has unfinished requests but no work")
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def _step(self) -> tuple[list[TokenEvent], bool]:
+        started = time.perf_counter()
+        step = self._stats.steps
+        events, self._pending = self._pending, []
+        plan = self._scheduler.schedule(step)
+        events += [self._ended(request) for request in plan.finished]
+        if not plan.works:
+            return events, False
+        outcome = self._runner.run(plan, step)
+        for requests, error in outcome.failures:
+            events += [
+                self._end(request, FinishReason.FAILED, step, error=error)
+                for request in requests
+                if not request.finished
+            ]
+        events += [self._add_token(request, token, step) for request, token in outcome.tokens]
+        self._stats.record_step(
+            time.perf_counter() - started,
+            prefill_tokens=sum(len(work.token_ids) for work in plan.prefill),
+            decode_tokens=len(plan.decode),
+        )
+        return events, True
+
+    def _add_token(self, request: Request, token: int, step: int) -> TokenEvent:
+        reason = request.add_output(token)
+        if request.state is RequestState.PREFILL:
+            request.state = RequestState.DECODE
+            if len(request.output_ids) == 1:
+                emit(
+                    "first_token",
+                    request,
+                    step,
+                    token=token,
+                    num_tokens=request.num_tokens,
+                )
+        if reason is not None:
+            return self._end(request, reason, step, token=token)
+        return TokenEvent(request_id=request.request_id, token=token, finished=False)
+
+    # -- ends: every finished request passes through `_end` or `_ended` ----------------------
+
+    def _end(
+        self,
+        request: Request,
+        reason: FinishReason,
+        step: int,
+        *,
+        token: int | None = None,
+        error: BaseException | None = None,
+    ) -> TokenEvent:
+        self._scheduler.finish(request, reason, step, error)
+        return self._ended(request, token)
+
+    def _ended(self, request: Request, token: int | None = None) -> TokenEvent:
+        """Forget a request the scheduler has finished; its final event."""
+        del self._requests[request.request_id]
+        assert request.finish_reason is not None
+        self._stats.record_end(request.finish_reason)
+        return TokenEvent(
+            request_id=request.request_id,
+            token=token,
+            finished=True,
+            finish_reason=request.finish_reason,
+            error=request.error,
+        )
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _is_token_id(value: object) -> bool:
+    return not isinstance(value, bool) and hasattr(value, "__index__") and value.__index__() >= 0

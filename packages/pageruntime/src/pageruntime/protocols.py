@@ -1,0 +1,67 @@
+"""The two things the engine is given: a model that runs one step, and a sampler.
+
+The engine never imports a model or a kernel; anything with these methods will do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import mlx.core as mx
+
+from pagepool import BatchMetadata, KVStorage, PagePool
+from pageruntime.sampling import SamplingParams
+
+__all__ = ["Sampler", "StepModel"]
+
+
+@runtime_checkable
+class StepModel(Protocol):
+    """A model the engine can drive, one batched call per prefill chunk or decode step.
+
+    Attributes:
+        max_seq_len: Most tokens (prompt plus output) one request may hold.
+    """
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def make_kv_storage(self, pool: PagePool) -> KVStorage:
+        """The K/V page arrays for `pool` (one pair per layer); the engine owns them."""
+        ...
+
+    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+        """Run every layer on `tokens`, writing their K/V at `metadata.slot_mapping`.
+
+        Must not synchronise with the host: the engine evaluates once per step.
+
+        Args:
+            tokens: int32 `[B, L]`; row b's tokens are the last `L` of its context.
+                Padding rows (context length 0) hold 0 and give logits the engine ignores.
+            metadata: Page tables of the `B` rows, shared by every layer.
+            kv: The storage to read and write (through `kv.update_layer`).
+
+        Returns:
+            `[B, vocab]` logits of the last position of every row.
+        """
+        ...
+
+
+class Sampler(Protocol):
+    """Picks the next token of each row; `pageruntime.sample_tokens` is the default."""
+
+    def __call__(
+        self, logits: mx.array, params: Sequence[SamplingParams], token_indices: Sequence[int]
+    ) -> mx.array:
+        """Pick one token per row.
+
+        Args:
+            logits: `[B, V]` logits of the real rows (padding rows removed).
+            params: Each row's sampling parameters.
+            token_indices: Each row's index of the output token being sampled.
+
+        Returns:
+            int32 `[B]` token ids, unevaluated; the engine evaluates once per step.
+        """
+        ...
