@@ -195,42 +195,21 @@ def _validated(
         raise InvalidMetadata(f"row {b} has {widest} pages but max_pages={width}")
     if all(n == 0 for n in context_lens):
         raise InvalidMetadata("a batch needs at least one real row (context_len > 0)")
-    uses: Counter[int] = Counter()
     block_table: list[tuple[int, ...]] = []
     slot_mapping: list[int] = []
     positions: list[int] = []
     for b, (row, context_len) in enumerate(zip(page_rows, context_lens, strict=True)):
-        needed = -(-context_len // page_size)
-        if len(row) != needed:
-            raise InvalidMetadata(
-                f"context_lens[{b}]={context_len} needs {needed} page(s) of {page_size}, "
-                f"but the row has {len(row)}"
-            )
-        for i, page_id in enumerate(row):
-            if not 0 <= page_id < num_pages:
-                raise InvalidMetadata(
-                    f"block_table[{b}, {i}]={page_id} is outside storage [0, {num_pages})"
-                )
-        uses.update(row)
+        _check_row(b, row, context_len, query_len=query_len, page_size=page_size,
+                   num_pages=num_pages)  # fmt: skip
         block_table.append(row + (_PAD,) * (width - len(row)))
         if context_len == 0:
             slot_mapping += [_PAD] * query_len
             positions += [0] * query_len
             continue
-        if context_len < query_len:
-            raise InvalidMetadata(
-                f"context_lens[{b}]={context_len} is shorter than query_len={query_len}; "
-                "every real row must hold its new tokens"
-            )
         row_positions = range(context_len - query_len, context_len)
         positions += row_positions
         slot_mapping += (row[t // page_size] * page_size + t % page_size for t in row_positions)
-    for page_id, count in uses.items():
-        if count > 1 and count > max_holders(page_id):
-            raise InvalidMetadata(
-                f"page {page_id} appears {count} times in the batch but is not shared "
-                f"that often (at most {max_holders(page_id)} holder(s))"
-            )
+    _check_aliasing(page_rows, max_holders)
     written = [slot for slot in slot_mapping if slot != _PAD]
     if len(set(written)) != len(written):
         duplicate = next(slot for slot, n in Counter(written).items() if n > 1)
@@ -247,6 +226,42 @@ def _validated(
         context_lens_host=tuple(context_lens),
         slot_mapping_host=tuple(slot_mapping),
     )
+
+
+def _check_row(
+    b: int, row: tuple[int, ...], context_len: int, *, query_len: int, page_size: int,
+    num_pages: int,
+) -> None:  # fmt: skip
+    """Row `b` covers its context with exactly the pages it needs, all inside storage."""
+    needed = -(-context_len // page_size)
+    if len(row) != needed:
+        raise InvalidMetadata(
+            f"context_lens[{b}]={context_len} needs {needed} page(s) of {page_size}, "
+            f"but the row has {len(row)}"
+        )
+    if row and (min(row) < 0 or max(row) >= num_pages):
+        i, page_id = next((i, p) for i, p in enumerate(row) if not 0 <= p < num_pages)
+        raise InvalidMetadata(
+            f"block_table[{b}, {i}]={page_id} is outside storage [0, {num_pages})"
+        )
+    if 0 < context_len < query_len:
+        raise InvalidMetadata(
+            f"context_lens[{b}]={context_len} is shorter than query_len={query_len}; "
+            "every real row must hold its new tokens"
+        )
+
+
+def _check_aliasing(page_rows: list[tuple[int, ...]], max_holders: Callable[[int], int]) -> None:
+    """A page may appear in several places only if it has that many holders (shared)."""
+    if sum(map(len, page_rows)) == len(set().union(*page_rows)):
+        return  # the common case, no page appears twice: skip counting
+    uses = Counter(page_id for row in page_rows for page_id in row)
+    for page_id, count in uses.items():
+        if count > 1 and count > max_holders(page_id):
+            raise InvalidMetadata(
+                f"page {page_id} appears {count} times in the batch but is not shared "
+                f"that often (at most {max_holders(page_id)} holder(s))"
+            )
 
 
 def _resolve_width(max_pages: int | None, num_pages_bucket: int | None) -> int | None:
