@@ -121,6 +121,7 @@ def _forked_after_append(pool: PagePool) -> list[PageList]:
          r"rows\[1\] comes from another pool"),
         (lambda pool: [_list_with(pool, 2)], {"query_len": 3},
          r"context_lens\[0\]=2 is shorter than query_len=3"),
+        (lambda pool: [None, PageList(pool)], {}, r"context_lens\[1\]=0 is shorter"),
         (lambda pool: [3], {}, r"rows\[0\] must be a PageList or None"),
         (_forked_after_append, {}, "is written by two new tokens"),
         (lambda pool: [_list_with(pool, 2)], {"slots": [[99]]},
@@ -128,7 +129,7 @@ def _forked_after_append(pool: PagePool) -> list[PageList]:
         (lambda pool: [_list_with(pool, 2)], {"slots": [[1], []]}, "slots has 2 rows"),
     ],
     ids=["empty", "all-padding", "released", "same-list-twice", "two-pools", "short-context",
-         "not-a-page-list", "duplicate-slot", "slot-mismatch", "slot-rows"],
+         "empty-page-list", "not-a-page-list", "duplicate-slot", "slot-mismatch", "slot-rows"],
 )  # fmt: skip
 def test_build_rejects(pool: PagePool, make_rows, kwargs: dict, match: str) -> None:
     rows = make_rows(pool)

@@ -8,6 +8,7 @@ from pagepool_test_helpers import snapshot
 from pagepool import (
     AppendResult,
     InvalidArgument,
+    PageAlreadyFree,
     PageCopy,
     PageList,
     PageListReleased,
@@ -198,3 +199,13 @@ def test_failed_growth_during_append_changes_nothing(growable_pool: PagePool) ->
     with pytest.raises(MemoryError):
         pages.append(1)  # needs a copy-on-write page; the pool has none free
     assert snapshot(growable_pool, pages, child) == before
+
+
+def test_release_that_finds_a_page_already_free_changes_nothing(pool: PagePool) -> None:
+    pages = PageList(pool)
+    pages.append(6)
+    pool.free(pages.page_ids[1:])  # a bug elsewhere returned one of the list's pages
+    before = snapshot(pool, pages)
+    with pytest.raises(PageAlreadyFree, match=f"page {pages.page_ids[1]}"):
+        pages.release()
+    assert snapshot(pool, pages) == before and not pages.released

@@ -92,6 +92,7 @@ class BatchMetadata:
         if not isinstance(rows, list) or not rows:
             raise InvalidMetadata(f"rows must be a non-empty sequence, got {rows!r}")
         width = _resolve_width(max_pages, num_pages_bucket)
+        query_len = as_int(query_len, "query_len", minimum=1)
         pool = None
         seen: set[int] = set()
         page_rows: list[tuple[int, ...]] = []
@@ -112,6 +113,8 @@ class BatchMetadata:
                 pool = row.pool
             elif row.pool is not pool:
                 raise InvalidMetadata(f"rows[{b}] comes from another pool than rows[0..{b - 1}]")
+            if row.context_len < query_len:  # a PageList row is real even when empty
+                raise _short_context(b, row.context_len, query_len)
             page_rows.append(row.page_ids)
             context_lens.append(row.context_len)
         if pool is None:
@@ -245,10 +248,14 @@ def _check_row(
             f"block_table[{b}, {i}]={page_id} is outside storage [0, {num_pages})"
         )
     if 0 < context_len < query_len:
-        raise InvalidMetadata(
-            f"context_lens[{b}]={context_len} is shorter than query_len={query_len}; "
-            "every real row must hold its new tokens"
-        )
+        raise _short_context(b, context_len, query_len)
+
+
+def _short_context(b: int, context_len: int, query_len: int) -> InvalidMetadata:
+    return InvalidMetadata(
+        f"context_lens[{b}]={context_len} is shorter than query_len={query_len}; "
+        "every real row must hold its new tokens"
+    )
 
 
 def _check_aliasing(page_rows: list[tuple[int, ...]], max_holders: Callable[[int], int]) -> None:
