@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import structlog
-from pageruntime_fakes import ContextHashModel
 
 from pageruntime import Engine
+from pageruntime.testing import ContextHashModel
 
 
 @pytest.fixture(autouse=True)

@@ -101,7 +101,6 @@ class StepRunner:
         widest = max(len(pages.page_ids) for pages in rows if pages is not None)
         metadata = BatchMetadata.build(
             rows + [None] * padding,
-            [work.slots for work in works] + [()] * padding,
             query_len=L,
             max_pages=_bucket(widest, self._max_row_pages),
         )

@@ -37,14 +37,12 @@ class ScheduledWork:
     Attributes:
         request: The request.
         token_ids: The `L` new tokens (a prefill chunk, or the last output token).
-        slots: Their slots in the request's pages.
         copies: Copy-on-write copies storage must make before the call.
         samples: Whether the call's logits give the request's next token.
     """
 
     request: Request
     token_ids: tuple[int, ...]
-    slots: tuple[int, ...]
     copies: tuple[PageCopy, ...]
     samples: bool
 
@@ -271,7 +269,6 @@ class Scheduler:
         return ScheduledWork(
             request=request,
             token_ids=token_ids,
-            slots=appended.slots,
             copies=appended.copies,
             samples=samples,
         )

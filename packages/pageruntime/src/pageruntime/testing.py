@@ -1,20 +1,33 @@
-"""Deterministic fake models and samplers for the engine tests.
+"""Deterministic fake models and samplers for testing an engine (or code that drives one).
 
 `ContextHashModel` writes every token into its KV pages and reads the whole context back
 through the block table, so its next token is a hash of exactly what the pages hold: a wrong
 page mapping, a lost write, a bad context length or a preemption bug changes the output.
+`reference_output` computes the same tokens in plain Python, as an oracle.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
 from pagepool import BatchMetadata, KVStorage, PagePool
-from pageruntime import SamplingParams, sample_tokens
+from pageruntime.sampling import SamplingParams, sample_tokens
+
+__all__ = [
+    "VOCAB_SIZE",
+    "ContextHashModel",
+    "FailingModel",
+    "FailingSampler",
+    "context_hash",
+    "random_prompts",
+    "reference_output",
+]
 
 VOCAB_SIZE = 61
+"""Vocabulary of the fake models."""
 
 
 def _weight(position: int) -> int:
@@ -30,7 +43,8 @@ def reference_output(
     prompt: Sequence[int], params: SamplingParams, *, max_seq_len: int
 ) -> list[int]:
     """What greedy decoding with `ContextHashModel` must produce, computed in plain Python."""
-    assert params.greedy
+    if not params.greedy:
+        raise ValueError("reference_output follows greedy decoding only (temperature 0)")
     context, output = list(prompt), []
     while True:
         token = context_hash(context)
@@ -155,3 +169,8 @@ class FailingSampler:
             self.num_failures += 1
             raise ValueError("sampler exploded")
         return sample_tokens(logits, params, token_indices)
+
+
+def random_prompts(rng: random.Random, n: int, *, max_len: int) -> list[list[int]]:
+    """`n` prompts of 1..max_len random token ids."""
+    return [[rng.randrange(VOCAB_SIZE) for _ in range(rng.randint(1, max_len))] for _ in range(n)]

@@ -1,0 +1,226 @@
+"""The engine's public API: generate, stream, add_request/step, abort, and its input checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pagepool import KVStorage, PagePool
+from pageruntime import (
+    AdmissionPolicy,
+    Engine,
+    FinishReason,
+    RequestRejected,
+    SamplingParams,
+    TokenEvent,
+)
+from pageruntime.testing import ContextHashModel, random_prompts, reference_output
+
+
+def test_a_request_alone_matches_the_python_oracle(make_engine) -> None:
+    engine = make_engine()
+    prompt, params = list(range(1, 20)), SamplingParams(max_new_tokens=12)
+    [output] = engine.generate([prompt], params)
+    assert output.output_ids == tuple(reference_output(prompt, params, max_seq_len=256))
+    assert output.prompt_ids == tuple(prompt)
+    assert output.finish_reason is FinishReason.LENGTH and output.error is None
+    assert engine.pool.num_live == 0 and not engine.has_unfinished()
+
+
+def test_batched_greedy_requests_match_the_oracle_in_submission_order(make_engine) -> None:
+    rng = random.Random(0)
+    prompts = random_prompts(rng, 11, max_len=30)
+    params = [SamplingParams(max_new_tokens=rng.randint(1, 15)) for _ in prompts]
+    outputs = make_engine(max_batch_size=4).generate(prompts, params)
+    assert [output.request_id for output in outputs] == list(range(11))
+    for prompt, p, output in zip(prompts, params, outputs, strict=True):
+        assert list(output.output_ids) == reference_output(prompt, p, max_seq_len=256)
+
+
+def test_sampled_requests_give_the_same_tokens_batched_as_alone(make_engine) -> None:
+    rng = random.Random(1)
+    prompts = random_prompts(rng, 6, max_len=20)
+    params = [
+        SamplingParams(temperature=1.0, top_k=30, top_p=0.95, seed=seed, max_new_tokens=12)
+        for seed in range(6)
+    ]
+    together = make_engine(max_batch_size=4).generate(prompts, params)
+    for prompt, p, output in zip(prompts, params, together, strict=True):
+        [alone] = make_engine().generate([prompt], p)
+        assert alone.output_ids == output.output_ids
+    greedy = [
+        reference_output(prompt, SamplingParams(max_new_tokens=12), max_seq_len=256)
+        for prompt in prompts
+    ]
+    assert sum(list(o.output_ids) != g for o, g in zip(together, greedy, strict=True)) >= 3
+
+
+def test_a_stop_token_ends_the_request_and_is_kept(make_engine) -> None:
+    prompt = [5, 9, 2, 7]
+    free_run = reference_output(prompt, SamplingParams(max_new_tokens=20), max_seq_len=256)
+    stop = free_run[4]
+    [output] = make_engine().generate(
+        [prompt], SamplingParams(max_new_tokens=20, stop_token_ids=[stop])
+    )
+    assert output.finish_reason is FinishReason.STOP
+    assert list(output.output_ids) == free_run[: free_run.index(stop) + 1]
+
+
+def test_the_model_limit_ends_the_request_at_max_seq_len(make_engine) -> None:
+    engine = make_engine(ContextHashModel(max_seq_len=20))
+    [output] = engine.generate([list(range(15))], SamplingParams(max_new_tokens=100))
+    assert output.finish_reason is FinishReason.MAX_SEQ_LEN
+    assert len(output.output_ids) == 5
+    assert engine.pool.num_live == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "admission", "match"),
+    [
+        ([], None, "reserve", "one or more"),
+        ([1, -1], None, "reserve", "one or more"),
+        ([1, True], None, "reserve", "one or more"),
+        ("abc", None, "reserve", "sequence of ints"),
+        (list(range(40)), None, "reserve", "max_seq_len is 40"),
+        (list(range(41)), None, "reserve", "max_seq_len is 40"),
+        ([1] * 30, SamplingParams(max_new_tokens=5), "reserve", "optimistic"),
+        ([1] * 33, SamplingParams(max_new_tokens=1), "optimistic", "its prompt"),
+    ],
+    ids=[
+        "empty-prompt",
+        "negative-token",
+        "bool-token",
+        "string-prompt",
+        "prompt-at-max-seq-len",
+        "prompt-over-max-seq-len",
+        "reservation-over-capacity",
+        "prompt-over-capacity",
+    ],
+)
+def test_bad_requests_are_rejected_before_anything_is_allocated(
+    make_engine, prompt, params, admission: str, match: str
+) -> None:
+    engine = make_engine(ContextHashModel(max_seq_len=40), num_pages=8, admission=admission)
+    with pytest.raises(RequestRejected, match=match):
+        engine.add_request(prompt, params)
+    assert not engine.has_unfinished()
+    assert engine.step() == []
+    assert engine.pool.metrics().num_allocations == 0
+    with pytest.raises(RequestRejected, match=match):
+        engine.stream(prompt, params)
+    assert not engine.has_unfinished()
+
+
+def test_params_must_be_sampling_params(make_engine) -> None:
+    with pytest.raises(TypeError, match="SamplingParams"):
+        make_engine().add_request([1, 2], {"max_new_tokens": 3})
+
+
+def test_generate_rejects_all_prompts_when_one_is_bad(make_engine) -> None:
+    engine = make_engine(ContextHashModel(max_seq_len=40))
+    with pytest.raises(RequestRejected):
+        engine.generate([[1, 2], list(range(50)), [3]])
+    assert not engine.has_unfinished() and engine.stats.steps == 0
+    with pytest.raises(ValueError, match="2 prompts but 3"):
+        engine.generate([[1], [2]], [SamplingParams()] * 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_pages=0),
+        dict(page_size=0),
+        dict(max_batch_size=0),
+        dict(prefill_step=0),
+        dict(num_pages=True),
+        dict(page_size=2.0),
+        dict(admission="lazy"),
+    ],
+    ids=["no-pages", "zero-page-size", "zero-batch", "zero-prefill", "bool", "float", "policy"],
+)
+def test_engine_rejects_bad_sizes(kwargs: dict) -> None:
+    options = {"num_pages": 8, **kwargs}
+    with pytest.raises(ValueError):
+        Engine(ContextHashModel(), **options)
+
+
+def test_engine_checks_the_model() -> None:
+    with pytest.raises(TypeError, match="StepModel"):
+        Engine(object(), num_pages=8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_seq_len"):
+        Engine(ContextHashModel(max_seq_len=0), num_pages=8)
+
+    class ForeignStorage(ContextHashModel):
+        def make_kv_storage(self, pool: PagePool) -> KVStorage:
+            return super().make_kv_storage(PagePool(pool.page_size, pool.capacity))
+
+    with pytest.raises(TypeError, match="KVStorage over that pool"):
+        Engine(ForeignStorage(), num_pages=8)
+
+
+def test_admission_accepts_the_policy_by_name(make_engine) -> None:
+    engine = make_engine(admission="optimistic")
+    assert engine.generate([[1, 2, 3]])[0].finish_reason is FinishReason.LENGTH
+    assert AdmissionPolicy("reserve") is AdmissionPolicy.RESERVE
+
+
+def test_step_reports_every_token_and_the_end(make_engine) -> None:
+    engine = make_engine()
+    request_id = engine.add_request([4, 4, 4], SamplingParams(max_new_tokens=3))
+    events: list[TokenEvent] = []
+    while engine.has_unfinished():
+        events += engine.step()
+    expected = reference_output([4, 4, 4], SamplingParams(max_new_tokens=3), max_seq_len=256)
+    assert [event.token for event in events] == expected
+    assert [event.finished for event in events] == [False, False, True]
+    assert events[-1].finish_reason is FinishReason.LENGTH
+    assert {event.request_id for event in events} == {request_id}
+
+
+def test_abort_frees_pages_at_once_and_reports_at_the_next_step(make_engine) -> None:
+    engine = make_engine(max_batch_size=1)
+    running = engine.add_request(list(range(10)), SamplingParams(max_new_tokens=50))
+    waiting = engine.add_request([1, 2], SamplingParams(max_new_tokens=50))
+    for _ in range(4):
+        engine.step()
+    assert engine.pool.num_live > 0
+    assert engine.abort(running) and engine.abort(waiting)
+    assert engine.pool.num_live == 0 and not engine.has_unfinished()
+    events = engine.step()
+    assert [(e.request_id, e.token, e.finished, e.finish_reason) for e in events] == [
+        (running, None, True, FinishReason.ABORTED),
+        (waiting, None, True, FinishReason.ABORTED),
+    ]
+    assert engine.abort(running) is False
+    with pytest.raises(KeyError, match="no request with id 7"):
+        engine.abort(7)
+    assert engine.stats.requests_aborted == 2
+
+
+def test_stream_yields_the_tokens_while_other_requests_run(make_engine) -> None:
+    engine = make_engine()
+    other = engine.add_request([3, 1, 4], SamplingParams(max_new_tokens=100))
+    params = SamplingParams(max_new_tokens=8)
+    tokens = list(engine.stream([2, 7, 1, 8], params))
+    assert tokens == reference_output([2, 7, 1, 8], params, max_seq_len=256)
+    assert engine.has_unfinished()  # the other request keeps its place and progresses
+    assert engine.abort(other)
+
+
+def test_closing_a_stream_early_aborts_its_request(make_engine) -> None:
+    engine = make_engine()
+    stream = engine.stream([2, 7, 1, 8], SamplingParams(max_new_tokens=30))
+    assert next(stream) == reference_output([2, 7, 1, 8], SamplingParams(), max_seq_len=256)[0]
+    assert engine.pool.num_live > 0
+    stream.close()
+    assert not engine.has_unfinished() and engine.pool.num_live == 0
+
+
+def test_two_streams_interleave(make_engine) -> None:
+    engine = make_engine()
+    params = SamplingParams(max_new_tokens=6)
+    first, second = engine.stream([1, 2, 3], params), engine.stream([9, 8], params)
+    pairs = list(zip(first, second, strict=True))
+    assert [a for a, _ in pairs] == reference_output([1, 2, 3], params, max_seq_len=256)
+    assert [b for _, b in pairs] == reference_output([9, 8], params, max_seq_len=256)
