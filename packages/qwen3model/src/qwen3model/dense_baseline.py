@@ -27,9 +27,12 @@ GROWTH_STEP = 256
 class _RequestCache:
     """One request's K/V: per layer a `[Hkv, capacity, D]` array, filled up to `length`."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype) -> None:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype, fill_value: float
+    ) -> None:
         self.shape = (num_kv_heads, 0, head_dim)
         self.dtype = dtype
+        self.fill_value = fill_value
         self.keys = [mx.zeros(self.shape, dtype) for _ in range(num_layers)]
         self.values = [mx.zeros(self.shape, dtype) for _ in range(num_layers)]
         self.length = 0
@@ -48,7 +51,7 @@ class _RequestCache:
             return
         extra = -(-(length - self.capacity) // GROWTH_STEP) * GROWTH_STEP
         Hkv, _, D = self.shape
-        padding = mx.zeros((Hkv, extra, D), self.dtype)
+        padding = mx.full((Hkv, extra, D), self.fill_value, self.dtype)
         self.keys = [mx.concatenate([k, padding], axis=1) for k in self.keys]
         self.values = [mx.concatenate([v, padding], axis=1) for v in self.values]
 
@@ -75,16 +78,25 @@ class DenseKVStore(KVStorage):
         num_kv_heads: `Hkv`.
         head_dim: `D`.
         dtype: Cache dtype.
+        fill_value: Value of the cache positions nothing has written yet.
 
     Attributes:
         peak_nbytes: Largest total size of the live caches seen at the start of a step.
     """
 
     def __init__(
-        self, pool: PagePool, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype
+        self,
+        pool: PagePool,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype,
+        fill_value: float = 0.0,
     ) -> None:
         super().__init__(pool, num_layers=1, num_kv_heads=1, head_dim=1, dtype=dtype)
         self._shape = (num_layers, num_kv_heads, head_dim)
+        self._fill_value = fill_value
         self._caches: dict[int, _RequestCache] = {}
         self.peak_nbytes = 0
 
@@ -97,6 +109,10 @@ class DenseKVStore(KVStorage):
     def num_requests(self) -> int:
         """Requests with a live cache."""
         return len(self._caches)
+
+    def cache_arrays(self) -> list[mx.array]:
+        """Every live cache array (to evaluate the step's writes together with its logits)."""
+        return [a for cache in self._caches.values() for a in cache.keys + cache.values]
 
     def begin_step(self, metadata: BatchMetadata) -> list[_RequestCache | None]:
         """Finds (or starts) every row's cache and reserves room for its new tokens.
@@ -122,7 +138,7 @@ class DenseKVStore(KVStorage):
                 raise ValueError(f"row {b} shares first page {first} with another row")
             firsts.add(first)
             if start == 0:
-                self._caches[first] = _RequestCache(*self._shape, self.dtype)
+                self._caches[first] = _RequestCache(*self._shape, self.dtype, self._fill_value)
             cache = self._caches.get(first)
             if cache is None or cache.length != start:
                 have = None if cache is None else cache.length

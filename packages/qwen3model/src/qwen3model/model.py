@@ -36,6 +36,8 @@ class Qwen3Model(nn.Module):
             `args.max_position_embeddings`.
 
     Attributes:
+        attention_mode: The attention path; may be reassigned between engines (the storage
+            an engine makes must match the mode it then runs with).
         copied_bytes: K/V bytes copied outside the attention kernel so far (gathers or repacks;
             0 on the paged path).
     """
@@ -74,8 +76,13 @@ class Qwen3Model(nn.Module):
         """Activation and K/V dtype (the norms' dtype; quantized layers keep float scales)."""
         return self.model.norm.weight.dtype
 
-    def make_kv_storage(self, pool: PagePool) -> KVStorage:
-        """K/V storage for `pool`: page arrays per layer, or dense caches in `DENSE` mode."""
+    def make_kv_storage(self, pool: PagePool, *, fill_value: float = 0.0) -> KVStorage:
+        """K/V storage for `pool`: page arrays per layer, or dense caches in `DENSE` mode.
+
+        Args:
+            pool: The engine's page pool.
+            fill_value: Value of every slot nothing has written (tests poison with NaN).
+        """
         storage_type = DenseKVStore if self.attention_mode is AttentionMode.DENSE else KVStorage
         return storage_type(
             pool,
@@ -83,6 +90,7 @@ class Qwen3Model(nn.Module):
             num_kv_heads=self.args.num_key_value_heads,
             head_dim=self.args.head_dim,
             dtype=self.dtype,
+            fill_value=fill_value,
         )
 
     def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:

@@ -68,7 +68,7 @@ SYNTHETIC_CONFIGS: dict[str, ModelArgs] = {
     ),
 }
 
-_INIT_STD = 0.02
+_EMBEDDING_STD = 0.02
 
 
 def synthetic_name(source: str) -> str | None:
@@ -88,10 +88,11 @@ def build_synthetic(
 ) -> tuple[Qwen3Model, Tokenizer]:
     """Builds a synthetic model with deterministic random weights and the byte tokenizer.
 
-    Every weight matrix is normal with std 0.02, drawn in float32 from a key derived from
-    `seed` and the parameter's name, then cast to `dtype`; norm weights are 1. The same seed
-    gives the same weights in every dtype (up to rounding). Weights are made block by block,
-    so no copy of the whole model is ever held twice.
+    Weights are normal, drawn in float32 from a key derived from `seed` and the parameter's
+    name, then cast to `dtype`: the embedding (and an untied LM head) with std 0.02 (Hugging
+    Face's `initializer_range`), projections with std `fan_in ** -0.5`; norm weights are 1.
+    The same seed gives the same weights in every dtype (up to rounding). Weights are made
+    block by block, so no copy of the whole model is ever held twice.
 
     Args:
         name: A key of `SYNTHETIC_CONFIGS` (without the `synthetic:` prefix).
@@ -132,5 +133,8 @@ def build_synthetic(
 def _random_weight(name: str, shape: tuple[int, ...], dtype: mx.Dtype, seed: int) -> mx.array:
     if name.endswith("norm.weight"):
         return mx.ones(shape, dtype=dtype)
+    # Projections keep unit-variance activations (std fan_in ** -0.5), so every layer matters
+    # and greedy text varies; with 0.02 everywhere a tied model just repeats its input token.
+    std = _EMBEDDING_STD if "embed_tokens" in name or "lm_head" in name else shape[-1] ** -0.5
     key = mx.random.key(zlib.crc32(f"{seed}:{name}".encode()))
-    return (mx.random.normal(shape, dtype=mx.float32, key=key) * _INIT_STD).astype(dtype)
+    return (mx.random.normal(shape, dtype=mx.float32, key=key) * std).astype(dtype)

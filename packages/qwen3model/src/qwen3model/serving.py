@@ -1,0 +1,249 @@
+"""The serving workload behind `qwen3model serve-bench`: a fixed trace of requests entering and
+leaving a continuous batch, run once per attention variant, with the measurements of the
+seed's paired serving runner (throughput, decode step times, KV memory, copies, page reuse)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from pagepool import BatchMetadata, KVStorage, PagePool
+from pageruntime import Engine, SamplingParams
+from qwen3model.attention import AttentionMode
+from qwen3model.dense_baseline import DenseKVStore
+from qwen3model.model import Qwen3Model
+
+__all__ = ["ServingResult", "Trace", "TraceRequest", "make_requests", "run_variant"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """A serving workload: `num_seqs` requests with uniform random prompt and output lengths,
+    all submitted at once and served `batch_size` at a time (the seed's trace by default).
+
+    Attributes:
+        num_seqs: Requests.
+        batch_size: Most requests running at once.
+        min_input_len: Shortest prompt, in tokens.
+        max_input_len: Longest prompt.
+        min_output_len: Fewest generated tokens per request.
+        max_output_len: Most generated tokens per request.
+        prefill_step: Prefill tokens per engine step (the chunk size).
+        page_size: Tokens per KV page.
+        seed: Seed of the lengths and the prompt tokens.
+    """
+
+    num_seqs: int = 16
+    batch_size: int = 4
+    min_input_len: int = 128
+    max_input_len: int = 1024
+    min_output_len: int = 32
+    max_output_len: int = 128
+    prefill_step: int = 128
+    page_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_seqs", "batch_size", "min_input_len", "min_output_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}, expected >= 1")
+        for low, high in (("min_input_len", "max_input_len"), ("min_output_len", "max_output_len")):
+            if getattr(self, high) < getattr(self, low):
+                raise ValueError(
+                    f"{high}={getattr(self, high)} is below {low}={getattr(self, low)}"
+                )
+        if self.prefill_step < 1 or self.page_size < 1:
+            raise ValueError("prefill_step and page_size must be >= 1")
+
+    @property
+    def num_pages(self) -> int:
+        """Pages for `batch_size` requests of the longest prompt and output at once."""
+        longest = self.max_input_len + self.max_output_len
+        return self.batch_size * -(-longest // self.page_size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceRequest:
+    """One request of a trace.
+
+    Attributes:
+        prompt_ids: Prompt token ids.
+        max_new_tokens: Tokens to generate (end-of-sequence is ignored).
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+def make_requests(trace: Trace, vocab_size: int) -> list[TraceRequest]:
+    """The trace's requests: lengths and prompt tokens drawn from `trace.seed` (numpy PCG64)."""
+    rng = np.random.default_rng(trace.seed)
+    inputs = rng.integers(trace.min_input_len, trace.max_input_len + 1, trace.num_seqs)
+    outputs = rng.integers(trace.min_output_len, trace.max_output_len + 1, trace.num_seqs)
+    return [
+        TraceRequest(
+            prompt_ids=tuple(int(t) for t in rng.integers(0, vocab_size, int(n_in))),
+            max_new_tokens=int(n_out),
+        )
+        for n_in, n_out in zip(inputs, outputs, strict=True)
+    ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingResult:
+    """Measurements of one variant on one trace.
+
+    Attributes:
+        variant: Attention path (`dense`, `gather`, `paged`).
+        num_requests: Requests served.
+        prefill_tokens: Tokens prefilled (recomputation after preemption included).
+        output_tokens: Tokens generated.
+        wall_s: Seconds from the first submission to the last token.
+        prefill_tokens_per_s: Prefill tokens per second of synchronized prefill calls.
+        output_tokens_per_s: Generated tokens per wall-clock second.
+        decode_tokens_per_s: Decode tokens per second of synchronized decode calls.
+        requests_per_s: Requests per wall-clock second.
+        decode_step_ms: Median, p95 and max of the synchronized decode calls, in ms.
+        peak_kv_bytes: Peak K/V memory: live pages x page bytes (paged, gather), or the
+            live contiguous caches (dense).
+        copied_bytes: K/V bytes copied outside the kernels: dense repacks or page gathers.
+        pages_reused: Page allocations that reused a freed page.
+        max_tail_waste_slots: Most empty slots in live tail pages seen after a call.
+        preemptions: Requests preempted (optimistic admission only).
+    """
+
+    variant: str
+    num_requests: int
+    prefill_tokens: int
+    output_tokens: int
+    wall_s: float
+    prefill_tokens_per_s: float
+    output_tokens_per_s: float
+    decode_tokens_per_s: float
+    requests_per_s: float
+    decode_step_ms: tuple[float, float, float]
+    peak_kv_bytes: int
+    copied_bytes: int
+    pages_reused: int
+    max_tail_waste_slots: int
+    preemptions: int
+
+
+class _TimedModel:
+    """A `StepModel` proxy that synchronizes and times every call (the benchmark's probe)."""
+
+    def __init__(self, model: Qwen3Model) -> None:
+        self.model = model
+        self.prefill_s = 0.0
+        self.decode_times: list[float] = []
+        self.decode_tokens = 0
+        self.max_tail_waste = 0
+        self.pool: PagePool | None = None
+        self.kv: KVStorage | None = None
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len
+
+    def make_kv_storage(self, pool: PagePool) -> KVStorage:
+        self.pool, self.kv = pool, self.model.make_kv_storage(pool)
+        return self.kv
+
+    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+        start = time.perf_counter()
+        logits = self.model.step(tokens, metadata, kv)
+        dense = kv.cache_arrays() if isinstance(kv, DenseKVStore) else []
+        mx.eval(logits, kv.keys, kv.values, dense)
+        elapsed = time.perf_counter() - start
+        if metadata.query_len == 1:
+            self.decode_times.append(elapsed)
+            self.decode_tokens += sum(n > 0 for n in metadata.context_lens_host)
+        else:
+            self.prefill_s += elapsed
+        assert self.pool is not None
+        self.max_tail_waste = max(self.max_tail_waste, self.pool.metrics().tail_waste_slots)
+        return logits
+
+
+def run_variant(
+    model: Qwen3Model,
+    variant: AttentionMode,
+    trace: Trace,
+    requests: Sequence[TraceRequest],
+    *,
+    admission: str = "reserve",
+    num_pages: int | None = None,
+    on_token: Callable[[], None] | None = None,
+) -> ServingResult:
+    """Serves `requests` on a fresh engine with `model` switched to `variant`.
+
+    Args:
+        model: The model (its attention mode is set to `variant` for the run).
+        variant: Attention path.
+        trace: Batch size, prefill step and page size of the engine.
+        requests: What to serve (see `make_requests`).
+        admission: Engine admission policy.
+        num_pages: KV pool capacity (default `trace.num_pages`).
+        on_token: Called after every generated token (progress bars).
+
+    Raises:
+        RuntimeError: A request failed.
+    """
+    model.attention_mode = AttentionMode(variant)
+    timed = _TimedModel(model)
+    engine = Engine(
+        timed,
+        num_pages=trace.num_pages if num_pages is None else num_pages,
+        page_size=trace.page_size,
+        max_batch_size=trace.batch_size,
+        prefill_step=trace.prefill_step,
+        admission=admission,
+    )
+    copied_before = model.copied_bytes
+    start = time.perf_counter()
+    for request in requests:
+        engine.add_request(
+            request.prompt_ids, SamplingParams(max_new_tokens=request.max_new_tokens)
+        )
+    while engine.has_unfinished():
+        for event in engine.step():
+            if event.error is not None:
+                raise RuntimeError(f"request {event.request_id} failed: {event.error}")
+            if event.token is not None and on_token is not None:
+                on_token()
+    wall = time.perf_counter() - start
+    stats = engine.stats
+    output_tokens = sum(r.max_new_tokens for r in requests)
+    decode_ms = sorted(1000 * t for t in timed.decode_times) or [0.0]
+    assert timed.kv is not None
+    if isinstance(timed.kv, DenseKVStore):
+        peak_kv = timed.kv.peak_nbytes
+    else:
+        page_bytes = timed.kv.nbytes // max(timed.kv.num_pages, 1)
+        peak_kv = stats.pool.peak_live_pages * page_bytes
+    return ServingResult(
+        variant=str(variant),
+        num_requests=len(requests),
+        prefill_tokens=stats.prefill_tokens,
+        output_tokens=output_tokens,
+        wall_s=wall,
+        prefill_tokens_per_s=stats.prefill_tokens / max(timed.prefill_s, 1e-9),
+        output_tokens_per_s=output_tokens / wall,
+        decode_tokens_per_s=timed.decode_tokens / max(sum(timed.decode_times), 1e-9),
+        requests_per_s=len(requests) / wall,
+        decode_step_ms=(
+            statistics.median(decode_ms),
+            decode_ms[min(len(decode_ms) - 1, int(0.95 * len(decode_ms)))],
+            decode_ms[-1],
+        ),
+        peak_kv_bytes=peak_kv,
+        copied_bytes=model.copied_bytes - copied_before,
+        pages_reused=stats.pool.num_reused_allocations,
+        max_tail_waste_slots=timed.max_tail_waste,
+        preemptions=stats.preemptions,
+    )
