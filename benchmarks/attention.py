@@ -34,12 +34,31 @@ SCHEMA = "paged-serving/attention-benchmark/1"
 PATHS = (*ATTENTION_PATHS, "write")
 # Per device: the full grid of the issue on the GPU, a small one on the CPU (its kernels take ms).
 DEFAULTS = {
-    "gpu": dict(batches=[1, 8, 32], contexts=[128, 1024, 8192, 32768], page_sizes=[16, 128],
-                prefill=[128, 1024, 4096], warmup=3, iterations=15, repeats=3, max_calls=50,
-                memory_budget_gb=24.0, cache_mb=GPU_L2_BYTES / 1e6),
-    "cpu": dict(batches=[1, 4], contexts=[128, 1024], page_sizes=[16], prefill=[128], warmup=1,
-                iterations=5, repeats=2, max_calls=2, memory_budget_gb=1.0, cache_mb=32.0),
-}  # fmt: skip
+    "gpu": dict(
+        batches=[1, 8, 32],
+        contexts=[128, 1024, 8192, 32768],
+        page_sizes=[16, 128],
+        prefill=[128, 1024, 4096],
+        warmup=3,
+        iterations=15,
+        repeats=3,
+        max_calls=50,
+        memory_budget_gb=24.0,
+        cache_mb=GPU_L2_BYTES / 1e6,
+    ),
+    "cpu": dict(
+        batches=[1, 4],
+        contexts=[128, 1024],
+        page_sizes=[16],
+        prefill=[128],
+        warmup=1,
+        iterations=5,
+        repeats=2,
+        max_calls=2,
+        memory_budget_gb=1.0,
+        cache_mb=32.0,
+    ),
+}
 QUICK = dict(batches=[1, 4], contexts=[128, 1024], page_sizes=[16], prefill=[128], repeats=2)
 
 
@@ -88,8 +107,9 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 def build_cells(args: argparse.Namespace, path: str) -> list[Shape]:
     """The shapes one path's process measures."""
-    common = dict(heads_q=args.heads_q, heads_kv=args.heads_kv, head_dim=args.head_dim,
-                  dtype=args.dtype)  # fmt: skip
+    common = dict(
+        heads_q=args.heads_q, heads_kv=args.heads_kv, head_dim=args.head_dim, dtype=args.dtype
+    )
     if path == "write":
         return [
             Shape(batch=b, context=args.write_context, page_size=ps, **common)
@@ -185,10 +205,21 @@ def main(argv: list[str] | None = None) -> int:
             for record in found:
                 record.update(repeat=repeat, order=position)
             records += found
-            processes.append(dict(repeat=repeat, order=position, path=path, seed=seed,
-                                  returncode=returncode, seconds=seconds))  # fmt: skip
-            print(f"repeat {repeat} {path}: {len(found)} records, exit {returncode}, "
-                  f"{seconds:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+            processes.append(
+                dict(
+                    repeat=repeat,
+                    order=position,
+                    path=path,
+                    seed=seed,
+                    returncode=returncode,
+                    seconds=seconds,
+                )
+            )
+            print(
+                f"repeat {repeat} {path}: {len(found)} records, exit {returncode}, {seconds:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             if args.json_output:  # after every process, so a cut-short run keeps its results
                 document = _document(args, records, processes, complete=False)
                 args.json_output.parent.mkdir(parents=True, exist_ok=True)

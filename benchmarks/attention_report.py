@@ -15,8 +15,19 @@ from attention_workload import Shape
 
 __all__ = ["aggregate", "summary_rows", "format_table"]
 
-_PROCESS_FIELDS = ("repeat", "order", "seed", "copies", "calls_per_batch", "median_us",
-                   "samples_us", "gate", "cell_seconds", "status", "error")  # fmt: skip
+_PROCESS_FIELDS = (
+    "repeat",
+    "order",
+    "seed",
+    "copies",
+    "calls_per_batch",
+    "median_us",
+    "samples_us",
+    "gate",
+    "cell_seconds",
+    "status",
+    "error",
+)
 
 
 def aggregate(records: Iterable[dict]) -> list[dict]:
@@ -54,10 +65,14 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
     order = {"dense": 0, "gather": 1, "paged": 2, "sdpa": 3, "write": 4, "write_functional": 5}
     cells.sort(
         key=lambda c: (
-            c["shape"]["query_len"] > 1, c["shape"]["dtype"], c["shape"]["page_size"],
-            c["shape"]["batch"], c["shape"]["context"], order.get(c["path"], 9),
+            c["shape"]["query_len"] > 1,
+            c["shape"]["dtype"],
+            c["shape"]["page_size"],
+            c["shape"]["batch"],
+            c["shape"]["context"],
+            order.get(c["path"], 9),
         )
-    )  # fmt: skip
+    )
     return cells
 
 

@@ -277,9 +277,15 @@ def attention_call(
 
     def paged(x: PagedInputs) -> mx.array:
         return backend.paged_attention(
-            x.queries, x.key_pages, x.value_pages, x.block_table, x.context_lens,
-            shape.page_size, scale=scale, mask=shape.mask,
-        )  # fmt: skip
+            x.queries,
+            x.key_pages,
+            x.value_pages,
+            x.block_table,
+            x.context_lens,
+            shape.page_size,
+            scale=scale,
+            mask=shape.mask,
+        )
 
     def gather(x: PagedInputs) -> tuple[mx.array, mx.array]:
         return backend.gather_kv(

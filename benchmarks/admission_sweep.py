@@ -1,0 +1,275 @@
+"""Memory-capped admission sweep: how many requests run at once under a fixed KV byte budget.
+
+For each budget (pool pages), the serve-bench trace is served by the paged path with both
+admission policies (`reserve`: prompt + max tokens up front; `optimistic`: the prompt, preempting
+when full) with no batch-size cap, so memory alone limits concurrency. The dense baseline must
+reserve prompt + max tokens contiguously for the longest request it may get, so the same bytes
+hold floor(budget / (max_input_len + max_output_len) tokens) requests; it runs at that batch size.
+
+    python3 benchmarks/admission_sweep.py --device gpu --json-output out/admission.json
+    .venv/bin/python benchmarks/admission_sweep.py --device cpu --model synthetic:qwen3-tiny \
+        --num-seqs 6 --budgets 1 2 --budget-unit requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from provenance import collect_provenance
+
+SCHEMA = "paged-serving/admission-sweep/1"
+# Default traces: the seed's on the GPU; a small one on the CPU (as `qwen3model serve-bench`).
+GPU_DEFAULTS = dict(
+    model="synthetic:qwen3-4b",
+    num_seqs=16,
+    min_input_len=128,
+    max_input_len=1024,
+    min_output_len=32,
+    max_output_len=128,
+)
+CPU_DEFAULTS = dict(
+    model="synthetic:qwen3-small",
+    num_seqs=8,
+    min_input_len=64,
+    max_input_len=256,
+    min_output_len=16,
+    max_output_len=48,
+)
+
+
+class ConcurrencyProbe:
+    """A `StepModel` in front of a Qwen3Model that records how many rows every decode call has.
+
+    It forwards exactly what `qwen3model.serving.run_variant` uses.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.decode_rows: list[int] = []
+
+    @property
+    def attention_mode(self):
+        return self.model.attention_mode
+
+    @attention_mode.setter
+    def attention_mode(self, mode) -> None:
+        self.model.attention_mode = mode
+
+    @property
+    def copied_bytes(self) -> int:
+        return self.model.copied_bytes
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len
+
+    def make_kv_storage(self, pool):
+        return self.model.make_kv_storage(pool)
+
+    def step(self, tokens: mx.array, metadata, kv) -> mx.array:
+        if metadata.query_len == 1:
+            self.decode_rows.append(sum(n > 0 for n in metadata.context_lens_host))
+        return self.model.step(tokens, metadata, kv)
+
+
+def token_bytes(model) -> int:
+    """K + V bytes one token occupies across all layers."""
+    args = model.args
+    return 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim * model.dtype.size
+
+
+def dense_slots(budget_bytes: int, trace, model) -> int:
+    """Requests a dense cache fits in `budget_bytes` when each reserves the longest request."""
+    longest = trace.max_input_len + trace.max_output_len
+    return budget_bytes // (longest * token_bytes(model))
+
+
+def _run(probe: ConcurrencyProbe, variant: str, trace, requests, **engine) -> dict:
+    from qwen3model.serving import run_variant
+
+    probe.decode_rows.clear()
+    try:
+        result = run_variant(probe, variant, trace, requests, **engine)
+    except RuntimeError as error:
+        return {"status": "failed", "error": str(error)}
+    rows = probe.decode_rows
+    return {
+        "status": "ok",
+        "peak_decode_rows": max(rows, default=0),
+        "mean_decode_rows": sum(rows) / max(len(rows), 1),
+        "decode_calls": len(rows),
+        "result": dataclasses.asdict(result),
+    }
+
+
+def run_sweep(model, trace, requests, budgets: list[int], *, max_batch_size: int) -> list[dict]:
+    """Serves `requests` at every budget (pages): paged x {reserve, optimistic}, then dense.
+
+    Returns:
+        One row per (budget, variant, policy) with the concurrency limit, the probe's decode
+        batch sizes and the `ServingResult` fields (or `status` "failed"/"does_not_fit").
+    """
+    page_bytes = trace.page_size * token_bytes(model)
+    longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
+    probe = ConcurrencyProbe(model)
+    rows = []
+    for pages in budgets:
+        common = {"budget_pages": pages, "budget_bytes": pages * page_bytes}
+        paged_trace = dataclasses.replace(trace, batch_size=max_batch_size)
+        for policy in ("reserve", "optimistic"):
+            run = _run(probe, "paged", paged_trace, requests, admission=policy, num_pages=pages)
+            rows.append(
+                {
+                    **common,
+                    "variant": "paged",
+                    "policy": policy,
+                    "max_batch_size": max_batch_size,
+                    **run,
+                }
+            )
+            print(f"budget {pages} pages: paged/{policy} {run['status']}", file=sys.stderr)
+        slots = min(dense_slots(pages * page_bytes, trace, model), max_batch_size)
+        row = {
+            **common,
+            "variant": "dense",
+            "policy": "reserve-max-length",
+            "max_batch_size": slots,
+        }
+        if slots == 0:
+            rows.append({**row, "status": "does_not_fit"})
+            continue
+        dense_trace = dataclasses.replace(trace, batch_size=slots)
+        rows.append(
+            {**row, **_run(probe, "dense", dense_trace, requests, num_pages=slots * longest_pages)}
+        )
+        print(f"budget {pages} pages: dense x{slots} {rows[-1]['status']}", file=sys.stderr)
+    return rows
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--device", choices=("cpu", "gpu"), default="gpu" if mx.cuda.is_available() else "cpu"
+    )
+    parser.add_argument("--model", help="qwen3model source (default: qwen3-4b GPU, small CPU)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--kernel-backend", default="native")
+    parser.add_argument("--budgets", nargs="+", type=float, default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--budget-unit",
+        choices=("requests", "pages"),
+        default="requests",
+        help="requests: multiples of one longest request's pages",
+    )
+    for name in ("num-seqs", "min-input-len", "max-input-len", "min-output-len", "max-output-len"):
+        parser.add_argument(f"--{name}", type=int)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--prefill-step", type=int, default=128)
+    parser.add_argument("--max-batch-size", type=int, help="cap on running requests (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="trace seed (as serve-bench)")
+    parser.add_argument("--weights-seed", type=int, default=0)
+    parser.add_argument("--log-format", choices=("quiet", "console", "json"), default="quiet")
+    parser.add_argument("--json-output", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pageruntime import configure_logging
+    from qwen3model import load_model
+    from qwen3model.serving import Trace, make_requests, run_variant
+
+    args = setup_arg_parser().parse_args(argv)
+    configure_logging(args.log_format)
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    defaults = GPU_DEFAULTS if args.device == "gpu" else CPU_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    dtype = getattr(mx, args.dtype) if args.dtype else None
+    model, _ = load_model(
+        args.model, kernel_backend=args.kernel_backend, dtype=dtype, seed=args.weights_seed
+    )
+    trace = Trace(
+        num_seqs=args.num_seqs,
+        min_input_len=args.min_input_len,
+        max_input_len=args.max_input_len,
+        min_output_len=args.min_output_len,
+        max_output_len=args.max_output_len,
+        prefill_step=args.prefill_step,
+        page_size=args.page_size,
+        seed=args.seed,
+    )
+    requests = make_requests(trace, model.args.vocab_size)
+    longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
+    unit = longest_pages if args.budget_unit == "requests" else 1
+    budgets = sorted({max(longest_pages, round(b * unit)) for b in args.budgets})
+    warm_trace = dataclasses.replace(
+        trace,
+        num_seqs=1,
+        batch_size=1,
+        min_output_len=2,
+        max_input_len=trace.min_input_len,
+        max_output_len=2,
+    )
+    warm = make_requests(warm_trace, model.args.vocab_size)
+    for variant in ("paged", "dense"):  # compile kernels and grow allocators outside the sweep
+        run_variant(model, variant, warm_trace, warm)
+    start = time.perf_counter()
+    rows = run_sweep(
+        model, trace, requests, budgets, max_batch_size=args.max_batch_size or trace.num_seqs
+    )
+    document = {
+        "schema": SCHEMA,
+        "kind": "admission_sweep",
+        "provenance": collect_provenance(args.device),
+        "model": {
+            "source": args.model,
+            "dtype": str(model.dtype),
+            "kernel_backend": args.kernel_backend,
+            "kv_bytes_per_token": token_bytes(model),
+        },
+        "trace": dataclasses.asdict(trace),
+        "dense_rule": (
+            "slots = budget_bytes // ((max_input_len + max_output_len) * kv_bytes_per_token)"
+        ),
+        "sweep_seconds": time.perf_counter() - start,
+        "rows": rows,
+    }
+    if args.json_output:
+        args.json_output.parent.mkdir(parents=True, exist_ok=True)
+        args.json_output.write_text(json.dumps(document, indent=1))
+    print(format_rows(rows))
+    return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A text table: budget, variant/policy, concurrency and throughput."""
+    lines = [
+        f"{'pages':>6} {'variant':<26} {'cap':>4} {'peak rows':>9} {'mean rows':>9} "
+        f"{'out tok/s':>10} {'req/s':>7} {'preempt':>7} {'peak KV MiB':>11}"
+    ]
+    for row in rows:
+        name = f"{row['variant']}/{row['policy']}"
+        if row["status"] != "ok":
+            lines.append(
+                f"{row['budget_pages']:>6} {name:<26} {row['max_batch_size']:>4} {row['status']}"
+            )
+            continue
+        r = row["result"]
+        lines.append(
+            f"{row['budget_pages']:>6} {name:<26} {row['max_batch_size']:>4} "
+            f"{row['peak_decode_rows']:>9} {row['mean_decode_rows']:>9.2f} "
+            f"{r['output_tokens_per_s']:>10.1f} {r['requests_per_s']:>7.3f} "
+            f"{r['preemptions']:>7} {r['peak_kv_bytes'] / 2**20:>11.1f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

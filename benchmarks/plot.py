@@ -1,0 +1,238 @@
+"""Results JSON -> PNG plots (matplotlib, Agg backend: no display needed).
+
+Understands the three kinds of results this repository writes:
+- `benchmarks/attention.py`: decode latency and K/V bandwidth against context for every path (one
+  panel per batch x page size), prefill latency, and `write_kv` against the copy-then-scatter;
+- `qwen3model serve-bench --json-output`: throughput and memory per variant;
+- `benchmarks/admission_sweep.py`: concurrency and throughput against the KV budget.
+
+    .venv/bin/python benchmarks/plot.py out/attention.json out/serving.json --output-dir out/plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+__all__ = ["detect_kind", "plot_file"]
+
+PATH_STYLE = {
+    "dense": dict(color="tab:orange", marker="s", label="dense (gather + dense attention)"),
+    "gather": dict(color="tab:orange", marker="x", linestyle=":", label="gather alone"),
+    "paged": dict(color="tab:blue", marker="o", label="paged (direct)"),
+    "sdpa": dict(color="tab:green", marker="^", label="MLX SDPA (pre-gathered)"),
+}
+H200_COPY_GBPS = 4300.0  # measured device-to-device copy (shared/device/README.md)
+
+
+def detect_kind(document: dict) -> str:
+    """ "attention", "admission_sweep" or "serving" (serve-bench has no `kind` field)."""
+    if document.get("kind") in ("attention", "admission_sweep"):
+        return document["kind"]
+    if "results" in document and "trace" in document:
+        return "serving"
+    raise ValueError(
+        f"unrecognised results JSON (top-level keys {sorted(document)}); expected the output of "
+        "benchmarks/attention.py, benchmarks/admission_sweep.py or qwen3model serve-bench"
+    )
+
+
+def _subtitle(document: dict) -> str:
+    prov = document.get("provenance") or document.get("context") or {}
+    gpu = (prov.get("gpu") or {}).get("name") if isinstance(prov.get("gpu"), dict) else None
+    where = gpu or prov.get("cpu") or prov.get("device", "")
+    sha = (prov.get("commit") or {}).get("sha") or ""
+    return f"{where}, MLX {prov.get('mlx_version', '?')}, {sha[:10]}".strip(", ")
+
+
+def _panels(n: int, *, ncols: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    ncols = min(ncols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _save(fig: plt.Figure, path: Path, title: str) -> Path:
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _attention_curves(document: dict, out: Path, stem: str) -> list[Path]:
+    cells = [c for c in document["cells"] if c["status"] == "ok" and c["path"] in PATH_STYLE]
+    decode = [c for c in cells if c["shape"]["query_len"] == 1]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for cell in decode:
+        groups[(cell["shape"]["batch"], cell["shape"]["page_size"], cell["shape"]["dtype"])].append(
+            cell
+        )
+    written = []
+    ceiling = H200_COPY_GBPS if document["provenance"].get("device") == "gpu" else None
+    for metric, ylabel, suffix in (
+        ("median_us", "us per call", "latency"),
+        ("kv_gbps", "K+V GB/s read", "bandwidth"),
+    ):
+        if not groups:
+            break
+        fig, axes = _panels(len(groups), ncols=3)
+        for ax, (key, group) in zip(axes, sorted(groups.items()), strict=True):
+            for path, style in PATH_STYLE.items():
+                points = sorted((c["shape"]["context"], c) for c in group if c["path"] == path)
+                points = [(x, c) for x, c in points if metric in c]
+                if not points:
+                    continue
+                xs = [x for x, _ in points]
+                ys = [c[metric] for _, c in points]
+                ax.plot(xs, ys, **style)
+            if metric == "kv_gbps" and ceiling:
+                ax.axhline(
+                    ceiling, color="gray", linestyle="--", linewidth=0.8, label="H200 copy ceiling"
+                )
+            contexts = sorted({c["shape"]["context"] for c in group})
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(contexts, [str(x) for x in contexts])
+            ax.set(
+                yscale="log",
+                xlabel="context (tokens)",
+                ylabel=ylabel,
+                title=f"B={key[0]}, page {key[1]}, {key[2]}",
+            )
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        title = f"decode attention {suffix} (Hq 32 / Hkv 8 / D 128) - {_subtitle(document)}"
+        written.append(_save(fig, out / f"{stem}-decode-{suffix}.png", title))
+    return written
+
+
+def _attention_bars(document: dict, out: Path, stem: str) -> list[Path]:
+    """Prefill latency per path and write_kv against the copy-then-scatter, as grouped bars."""
+    written = []
+    cells = [c for c in document["cells"] if c["status"] == "ok"]
+    for name, paths, keep in (
+        ("prefill", ("dense", "paged", "sdpa"), lambda s: s["query_len"] > 1),
+        ("write-kv", ("write", "write_functional"), lambda s: True),
+    ):
+        chosen = [c for c in cells if c["path"] in paths and keep(c["shape"])]
+        if not chosen:
+            continue
+        labels = sorted({c["label"] for c in chosen}, key=lambda s: [len(s), s])
+        fig, (ax,) = _panels(1, ncols=1)
+        fig.set_size_inches(max(6.0, 1.1 * len(labels) * len(paths)), 4.0)
+        width = 0.8 / len(paths)
+        for i, path in enumerate(paths):
+            times = {c["label"]: c["median_us"] for c in chosen if c["path"] == path}
+            xs = [j + i * width for j, label in enumerate(labels) if label in times]
+            bars = ax.bar(
+                xs,
+                [times[label] for label in labels if label in times],
+                width,
+                label=path,
+                color=PATH_STYLE.get(path, {}).get("color"),
+            )
+            ax.bar_label(bars, fmt="%.4g", fontsize=6)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))])
+        ax.set_xticklabels([label.replace(" ", "\n", 4) for label in labels], fontsize=7)
+        spread = max(c["median_us"] for c in chosen) / min(c["median_us"] for c in chosen)
+        ax.set(yscale="log" if spread > 30 else "linear", ylabel="us per call")
+        ax.legend(fontsize=8)
+        written.append(_save(fig, out / f"{stem}-{name}.png", f"{name} - {_subtitle(document)}"))
+    return written
+
+
+def _serving(document: dict, out: Path, stem: str) -> list[Path]:
+    results = document["results"]
+    variants = [r["variant"] for r in results]
+    fig, (left, right) = _panels(2, ncols=2)
+    metrics = ("prefill_tokens_per_s", "decode_tokens_per_s", "output_tokens_per_s")
+    width = 0.8 / len(metrics)
+    for i, metric in enumerate(metrics):
+        left.bar(
+            [j + i * width for j in range(len(results))],
+            [r[metric] for r in results],
+            width,
+            label=metric.replace("_", " "),
+        )
+    left.set_xticks([j + width for j in range(len(results))], variants)
+    left.set(yscale="log", ylabel="tokens / s", title="throughput")
+    left.legend(fontsize=7)
+    for i, metric in enumerate(("peak_kv_bytes", "copied_bytes")):
+        right.bar(
+            [j + i * 0.4 for j in range(len(results))],
+            [r[metric] / 2**20 for r in results],
+            0.4,
+            label=metric.replace("_", " "),
+        )
+    right.set_xticks([j + 0.2 for j in range(len(results))], variants)
+    right.set(ylabel="MiB", title="K/V memory: peak and bytes copied")
+    right.legend(fontsize=7)
+    trace = document["trace"]
+    context = document.get("context", {})
+    title = (
+        f"serve-bench {context.get('model', '')} {context.get('device', '')}: "
+        f"{trace['num_seqs']} requests, batch {trace['batch_size']}"
+    )
+    return [_save(fig, out / f"{stem}-serving.png", title)]
+
+
+def _admission(document: dict, out: Path, stem: str) -> list[Path]:
+    series: dict[str, list[dict]] = defaultdict(list)
+    for row in document["rows"]:
+        if row["status"] == "ok":
+            series[f"{row['variant']}/{row['policy']}"].append(row)
+    fig, (left, right) = _panels(2, ncols=2)
+    for name, rows in sorted(series.items()):
+        rows.sort(key=lambda r: r["budget_pages"])
+        budget_mib = [r["budget_bytes"] / 2**20 for r in rows]
+        left.plot(budget_mib, [r["peak_decode_rows"] for r in rows], marker="o", label=name)
+        right.plot(
+            budget_mib, [r["result"]["output_tokens_per_s"] for r in rows], marker="o", label=name
+        )
+    left.set(xlabel="KV budget (MiB)", ylabel="peak concurrent decode rows", title="concurrency")
+    right.set(xlabel="KV budget (MiB)", ylabel="output tokens / s", title="throughput")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    title = f"admission sweep ({document['model']['source']}) - {_subtitle(document)}"
+    return [_save(fig, out / f"{stem}-admission.png", title)]
+
+
+def plot_file(path: Path, output_dir: Path) -> list[Path]:
+    """Writes every plot a results file supports; returns the PNG paths."""
+    document = json.loads(path.read_text())
+    kind = detect_kind(document)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if kind == "attention":
+        return _attention_curves(document, output_dir, path.stem) + _attention_bars(
+            document, output_dir, path.stem
+        )
+    if kind == "serving":
+        return _serving(document, output_dir, path.stem)
+    return _admission(document, output_dir, path.stem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path, help="results JSON files")
+    parser.add_argument("--output-dir", type=Path, default=Path("plots"))
+    args = parser.parse_args(argv)
+    for path in args.results:
+        for png in plot_file(path, args.output_dir):
+            print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
