@@ -24,19 +24,17 @@ def _bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _ms(values: tuple[float, float, float]) -> str:
-    return " / ".join(f"{v:.1f}" for v in values)
-
-
 _ROWS: list[tuple[str, Callable[[ServingResult], str]]] = [
     ("prefill tok/s", lambda r: f"{r.prefill_tokens_per_s:,.0f}"),
     ("output tok/s", lambda r: f"{r.output_tokens_per_s:,.1f}"),
     ("decode tok/s", lambda r: f"{r.decode_tokens_per_s:,.1f}"),
     ("requests/s", lambda r: f"{r.requests_per_s:.3f}"),
-    ("decode step ms (median / p95 / max)", lambda r: _ms(r.decode_step_ms)),
+    ("decode step ms median", lambda r: f"{r.decode_step_ms[0]:.2f}"),
+    ("decode step ms p95", lambda r: f"{r.decode_step_ms[1]:.2f}"),
+    ("decode step ms max", lambda r: f"{r.decode_step_ms[2]:.2f}"),
     ("wall time s", lambda r: f"{r.wall_s:.1f}"),
     ("peak KV memory", lambda r: _bytes(r.peak_kv_bytes)),
-    ("K/V bytes copied (gather / repack)", lambda r: _bytes(r.copied_bytes)),
+    ("K/V bytes copied", lambda r: _bytes(r.copied_bytes)),
     ("pages reused", lambda r: str(r.pages_reused)),
     ("max tail waste (slots)", lambda r: str(r.max_tail_waste_slots)),
     ("preemptions", lambda r: str(r.preemptions)),
@@ -46,9 +44,12 @@ _ROWS: list[tuple[str, Callable[[ServingResult], str]]] = [
 def render_table(
     results: Sequence[ServingResult], *, title: str, console: Console | None = None
 ) -> None:
-    """Prints one column per variant; adds "bytes not copied vs dense" when dense ran."""
+    """Prints one column per variant; adds "bytes not copied vs dense" when dense ran.
+
+    "K/V bytes copied" counts the dense path's repacks and the gather path's gathers.
+    """
     table = Table(title=title, title_justify="left")
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for result in results:
         table.add_column(result.variant, justify="right")
     for name, cell in _ROWS:

@@ -1,0 +1,170 @@
+"""The command line: one-line errors, help on every flag, generate / serve-bench / save-model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from qwen3model import Tokenizer, load_model
+from qwen3model.cli import main, setup_arg_parser
+
+TINY = ["--model", "synthetic:qwen3-tiny"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_every_flag_has_help() -> None:
+    parser = setup_arg_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) == {"generate", "serve-bench", "save-model"}
+    for name, subparser in commands.choices.items():
+        for action in subparser._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "match"),
+    [
+        (["generate", "--no-such-flag", "hi"], 2, "unrecognized arguments: --no-such-flag"),
+        (["generate", "--max-tokens", "many", "hi"], 2, "invalid int value"),
+        (["generate", *TINY], 2, "give a prompt or --prompt-file"),
+        (["serve-bench", "--variants", "fast"], 2, "invalid choice: 'fast'"),
+        (["launch"], 2, "invalid choice: 'launch'"),
+        (["generate", "--model", "/no/such/dir", "hi"], 1, "no model directory at /no/such/dir"),
+        (["generate", *TINY, "--prompt-file", "/no/such.txt"], 1, "no prompt file at"),
+        (["generate", *TINY, "--temperature", "-1", "hi"], 1, "temperature"),
+        (["generate", *TINY, "--chat-template", "hi"], 1, "has no chat template"),
+        (["generate", "--model", "synthetic:qwen3-9t", "hi"], 1, "unknown synthetic model"),
+        (["serve-bench", *TINY, "--min-input-len", "9", "--max-input-len", "3"], 1, "below"),
+        (["generate", *TINY, "--kernel-backend", "nope", "hi"], 1, "nope"),
+    ],
+    ids=[
+        "unknown-flag",
+        "bad-int",
+        "no-prompt",
+        "bad-variant",
+        "bad-command",
+        "missing-model",
+        "missing-prompt-file",
+        "bad-sampling",
+        "no-template",
+        "bad-synthetic",
+        "bad-trace",
+        "bad-backend",
+    ],
+)
+def test_errors_are_one_line(capsys, argv: list[str], status: int, match: str) -> None:
+    got, out, err = run(capsys, *argv)
+    assert got == status
+    assert match in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_help_exits_cleanly(capsys) -> None:
+    status, out, _ = run(capsys, "serve-bench", "--help")
+    assert status == 0
+    assert "--disable-paged-attention" not in out and "--variants" in out
+
+
+def test_device_gpu_without_gpu_is_an_error(capsys) -> None:
+    import mlx.core as mx
+
+    if mx.is_available(mx.gpu):
+        pytest.skip("this MLX has a GPU")  # the CPU CI machine never skips
+    status, _, err = run(capsys, "generate", *TINY, "--device", "gpu", "hi")
+    assert status == 2 and "no GPU" in err
+
+
+def test_generate_streams_deterministic_text(capsys) -> None:
+    argv = ["generate", *TINY, "--max-tokens", "12", "--ignore-eos", "Hello"]
+    status, first, _ = run(capsys, *argv)
+    assert status == 0
+    _, second, _ = run(capsys, *argv)
+    assert first == second and first.endswith("\n") and len(first) > 1
+
+
+@pytest.mark.parametrize("flag", ["--disable-paged-attention", "--dense-baseline"])
+def test_ablations_generate_the_same_greedy_text(capsys, flag: str) -> None:
+    argv = ["generate", *TINY, "--max-tokens", "16", "--ignore-eos", "Paged or not"]
+    _, paged, _ = run(capsys, *argv)
+    status, ablation, _ = run(capsys, *argv, flag)
+    assert status == 0 and ablation == paged
+
+
+def test_several_prompts_print_one_block_each(capsys, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first prompt\n\nsecond prompt\n")
+    status, out, _ = run(
+        capsys, "generate", *TINY, "--max-tokens", "5", "--prompt-file", str(prompts), "third"
+    )
+    assert status == 0
+    assert [line for line in out.splitlines() if line.startswith("--- request")] == [
+        f"--- request {i} (length) ---" for i in range(3)
+    ]
+
+
+def test_save_model_then_generate_from_the_directory(capsys, tmp_path: Path) -> None:
+    status, out, _ = run(capsys, "save-model", *TINY, str(tmp_path / "tiny"))
+    assert status == 0 and "wrote" in out
+    argv = ["--max-tokens", "10", "--ignore-eos", "same weights"]
+    _, from_dir, _ = run(capsys, "generate", "--model", str(tmp_path / "tiny"), *argv)
+    _, synthetic, _ = run(capsys, "generate", *TINY, *argv)
+    assert from_dir == synthetic
+
+
+def test_save_model_quantized_and_sharded(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "q8"
+    argv = ["save-model", *TINY, str(target), "--quantize-bits", "8", "--group-size", "32"]
+    status, _, _ = run(capsys, *argv, "--max-shard-bytes", "30000")
+    assert status == 0
+    config = json.loads((target / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 8}
+    assert (target / "model.safetensors.index.json").is_file()
+    model, _ = load_model(str(target))
+    assert model.args.quantization is not None
+
+
+def test_chat_template_is_applied_by_default(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "chat"
+    run(capsys, "save-model", *TINY, str(target))
+    tokenizer = Tokenizer.from_directory(target)
+    tokenizer.chat_template = "<|im_start|>{{ messages[-1]['content'] }}<|im_end|>"
+    tokenizer.save(target)
+    argv = ["generate", "--model", str(target), "--max-tokens", "8", "--ignore-eos", "hi"]
+    _, templated, _ = run(capsys, *argv)
+    _, raw, _ = run(capsys, *argv, "--no-chat-template")
+    _, raw_prompt, _ = run(capsys, *argv[:-1], "--no-chat-template", "<|im_start|>hi<|im_end|>")
+    assert templated != raw and templated == raw_prompt
+
+
+def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    status, out, err = run(
+        capsys,
+        "serve-bench",
+        *TINY,
+        "--num-seqs", "5", "--batch-size", "2",
+        "--min-input-len", "20", "--max-input-len", "70",
+        "--min-output-len", "3", "--max-output-len", "9",
+        "--prefill-step", "32", "--page-size", "8",
+        "--json-output", str(out_json),
+    )  # fmt: skip
+    assert status == 0, err
+    for text in ("dense", "gather", "paged", "decode tok/s", "bytes not copied vs dense"):
+        assert text in out
+    document = json.loads(out_json.read_text())
+    results = {r["variant"]: r for r in document["results"]}
+    assert document["trace"]["num_seqs"] == 5
+    assert results["paged"]["copied_bytes"] == 0
+    assert results["dense"]["copied_bytes"] > 0 and results["gather"]["copied_bytes"] > 0
+    assert results["paged"]["output_tokens"] == results["dense"]["output_tokens"] >= 15
+    assert results["paged"]["pages_reused"] > 0
+    assert results["dense"]["peak_kv_bytes"] > 0 and results["paged"]["peak_kv_bytes"] > 0
