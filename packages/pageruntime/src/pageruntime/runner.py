@@ -83,7 +83,8 @@ class StepRunner:
         try:
             token_ids = self._evaluate([tokens for _, tokens in sampled])
         except Exception as error:
-            # Storage written this step cannot be trusted: restore it and fail every writer.
+            # The step's storage arrays may be unusable: go back to the previous step's arrays.
+            # Every request that wrote this step fails, so none of the pages it wrote survive.
             for layer, (keys, values) in enumerate(zip(*kv_before, strict=True)):
                 self._kv.update_layer(layer, keys, values)
             outcome.failures.append(([work.request for work in plan.works], error))

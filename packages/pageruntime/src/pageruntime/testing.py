@@ -68,15 +68,17 @@ class ContextHashModel:
 
     Attributes:
         calls: `(B, L, max_pages)` of every call, in order.
+        storage: The storage made by the latest `make_kv_storage`.
     """
 
     def __init__(self, *, max_seq_len: int = 256, num_layers: int = 2) -> None:
         self.max_seq_len = max_seq_len
         self.num_layers = num_layers
         self.calls: list[tuple[int, int, int]] = []
+        self.storage: KVStorage | None = None
 
     def make_kv_storage(self, pool: PagePool) -> KVStorage:
-        return KVStorage(
+        self.storage = KVStorage(
             pool,
             num_layers=self.num_layers,
             num_kv_heads=1,
@@ -84,6 +86,7 @@ class ContextHashModel:
             dtype=mx.float32,
             fill_value=float("nan"),
         )
+        return self.storage
 
     def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
         B, L = tokens.shape

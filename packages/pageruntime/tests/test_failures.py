@@ -1,0 +1,142 @@
+"""A model or sampler that raises: the affected requests fail, their pages return, others go on."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from pageruntime import FinishReason, RequestFailed, SamplingParams
+from pageruntime.testing import FailingModel, FailingSampler, reference_output
+
+PARAMS = SamplingParams(max_new_tokens=6)
+
+
+def _once(predicate):
+    """A `fail_when` that is true for the first call matching `predicate` only."""
+    fired = []
+
+    def fail_when(*args) -> bool:
+        if fired or not predicate(*args):
+            return False
+        fired.append(True)
+        return True
+
+    return fail_when
+
+
+def _assert_pool_empty(engine) -> None:
+    pool = engine.pool
+    assert pool.num_live == 0 and pool.num_free == pool.capacity
+    assert all(pool.refcount(page_id) == 0 for page_id in range(pool.capacity))
+
+
+def test_a_failing_decode_call_fails_its_rows_only(make_engine) -> None:
+    # The decode call that first reaches context length 8 raises (both 6-token prompts).
+    model = FailingModel(_once(lambda md: md.query_len == 1 and 8 in md.context_lens_host))
+    engine = make_engine(model, prefill_step=64, num_pages=64)
+    first = engine.add_request([1] * 6, PARAMS)
+    second = engine.add_request([2] * 6, PARAMS)
+    engine.step()
+    long_prompt = list(range(40)) * 4
+    third = engine.add_request(long_prompt, PARAMS)  # prefilling while the others decode
+    events = []
+    with capture_logs() as logs:
+        while engine.has_unfinished():
+            events += engine.step()
+    failed = [e for e in events if e.finish_reason is FinishReason.FAILED]
+    assert [e.request_id for e in failed] == [first, second]
+    assert all(isinstance(e.error, RuntimeError) and e.token is None for e in failed)
+    assert [e.token for e in events if e.request_id == third] == reference_output(
+        long_prompt, PARAMS, max_seq_len=256
+    )
+    failures = [e for e in logs if e["event"] == "request_failed"]
+    assert [e["request_id"] for e in failures] == [first, second]
+    assert all(e["log_level"] == "warning" and "model exploded" in e["error"] for e in failures)
+    assert all(e["num_pages"] == 2 for e in failures)  # 7 tokens: their pages were released
+    _assert_pool_empty(engine)
+    # The engine keeps serving.
+    assert list(engine.generate([[4, 2]], PARAMS)[0].output_ids) == reference_output(
+        [4, 2], PARAMS, max_seq_len=256
+    )
+
+
+def test_a_failing_prefill_chunk_fails_that_request_only(make_engine) -> None:
+    model = FailingModel(lambda md: md.query_len == 5)
+    engine = make_engine(model, prefill_step=64)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 9]]
+    outputs = engine.generate(prompts, PARAMS)
+    assert [o.finish_reason for o in outputs] == [
+        FinishReason.LENGTH,
+        FinishReason.FAILED,
+        FinishReason.LENGTH,
+    ]
+    assert outputs[1].output_ids == () and str(outputs[1].error) == "model exploded"
+    for prompt, output in zip(prompts[::2], outputs[::2], strict=True):
+        assert list(output.output_ids) == reference_output(prompt, PARAMS, max_seq_len=256)
+    assert engine.stats.requests_failed == 1 and engine.stats.requests_finished == 2
+    _assert_pool_empty(engine)
+
+
+def test_a_failing_sampler_fails_the_rows_it_was_sampling(make_engine) -> None:
+    sampler = FailingSampler(lambda params, indices: any(p.seed == 13 for p in params))
+    engine = make_engine(sampler=sampler, prefill_step=64)
+    doomed = SamplingParams(max_new_tokens=6, seed=13)
+    outputs = engine.generate([[1, 2], [3, 4], [5, 6]], [PARAMS, doomed, PARAMS])
+    assert sampler.num_failures == 1
+    assert outputs[1].finish_reason is FinishReason.FAILED
+    assert isinstance(outputs[1].error, ValueError)
+    assert list(outputs[0].output_ids) == reference_output([1, 2], PARAMS, max_seq_len=256)
+    assert list(outputs[2].output_ids) == reference_output([5, 6], PARAMS, max_seq_len=256)
+    _assert_pool_empty(engine)
+
+
+def test_a_failure_at_evaluation_fails_the_step_and_restores_storage(make_engine) -> None:
+    # The error surfaces only when the step evaluates, so no call can be blamed: every request
+    # that ran in that step fails, and storage is rolled back to before the step.
+    model = FailingModel(_once(lambda md: md.query_len == 5), lazy=True)
+    engine = make_engine(model, prefill_step=5)
+    decoding = engine.add_request([1, 2, 3], PARAMS)
+    engine.step()
+    prefilling = engine.add_request([4, 5, 6, 7, 8], PARAMS)
+    starved = engine.add_request([7, 7], PARAMS)  # admitted, but the budget is spent
+    storage_before = model.storage.keys + model.storage.values
+    events = engine.step()
+    assert model.num_failures == 1
+    storage_after = model.storage.keys + model.storage.values
+    assert all(a is b for a, b in zip(storage_before, storage_after, strict=True))
+    failed = [e for e in events if e.finish_reason is FinishReason.FAILED]
+    assert {e.request_id for e in failed} == {decoding, prefilling}
+    assert all("LU factorization" in str(e.error) for e in failed)
+    tokens = []
+    while engine.has_unfinished():
+        tokens += [e.token for e in engine.step() if e.request_id == starved]
+    # The request that did not run in the failed step is intact, and so is new work.
+    assert tokens == reference_output([7, 7], PARAMS, max_seq_len=256)
+    assert list(engine.generate([[8, 1]], PARAMS)[0].output_ids) == reference_output(
+        [8, 1], PARAMS, max_seq_len=256
+    )
+    _assert_pool_empty(engine)
+
+
+def test_a_failed_stream_raises_after_its_tokens(make_engine) -> None:
+    model = FailingModel(lambda md: md.query_len == 1 and 6 in md.context_lens_host)
+    engine = make_engine(model, prefill_step=64)
+    received = []
+    with pytest.raises(RequestFailed, match="request 0 failed") as caught:
+        for token in engine.stream([1, 2, 3, 4], PARAMS):
+            received.append(token)
+    assert received == reference_output([1, 2, 3, 4], PARAMS, max_seq_len=256)[:2]
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    _assert_pool_empty(engine)
+
+
+def test_a_model_returning_bad_logits_fails_its_requests(make_engine) -> None:
+    class WrongShape(FailingModel):
+        def step(self, tokens, metadata, kv):
+            return super().step(tokens, metadata, kv)[:, None]
+
+    engine = make_engine(WrongShape(lambda md: False))
+    [output] = engine.generate([[1, 2]], PARAMS)
+    assert output.finish_reason is FinishReason.FAILED
+    assert "expected [1, vocab]" in str(output.error)
+    _assert_pool_empty(engine)
