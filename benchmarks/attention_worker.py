@@ -23,13 +23,12 @@ from attention_workload import (
     check_gate,
     derive_copy,
     make_paged_inputs,
-    make_write_inputs,
     sdpa_inputs,
-    write_call,
 )
 from batch_timer import BatchPlan, plan_batches, time_batches
+from write_workload import functional_write_kv, make_write_inputs, write_call
 
-__all__ = ["WorkerConfig", "functional_write_kv", "run_worker"]
+__all__ = ["WorkerConfig", "run_worker"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,29 +55,6 @@ class WorkerConfig:
     def from_json(cls, text: str) -> WorkerConfig:
         fields = json.loads(text)
         return cls(**{**fields, "cells": tuple(Shape(**c) for c in fields["cells"])})
-
-
-def functional_write_kv(
-    key_pages: mx.array, value_pages: mx.array, keys: mx.array, values: mx.array, slots: mx.array
-) -> tuple[mx.array, mx.array]:
-    """The naive write: copy each whole pool, then scatter the new rows (what `write_kv` avoids).
-
-    Args:
-        key_pages, value_pages: [P, Hkv, ps, D].
-        keys, values: [T, Hkv, D].
-        slots: int32 [T], all valid.
-
-    Returns:
-        New (key_pages, value_pages) arrays.
-    """
-    page_size = key_pages.shape[2]
-    pages, offsets = slots // page_size, slots % page_size
-    updated = []
-    for pool, rows in ((key_pages, keys), (value_pages, values)):
-        copy = pool + 0  # a fresh buffer: the original pool stays referenced
-        copy[pages, :, offsets] = rows
-        updated.append(copy)
-    return updated[0], updated[1]
 
 
 def _pool_bytes(x: PagedInputs) -> int:

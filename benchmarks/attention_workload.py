@@ -4,7 +4,8 @@ One `Shape` is one cell of the grid (decode L = 1 or causal prefill L = context)
 shared K/V page pool whose page ids are shuffled (rows never own contiguous pages), with free
 pages and unused tail slots poisoned with NaN so a kernel that reads them fails the gate. The
 paths are the seed's three: the dense control (gather + our dense attention), the direct paged
-kernel, and MLX's SDPA on the already gathered tensor; plus the gather alone and `write_kv`.
+kernel, and MLX's SDPA on the already gathered tensor; plus the gather alone (`write_kv` is in
+`write_workload`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ __all__ = [
     "TOLERANCE",
     "PagedInputs",
     "Shape",
-    "WriteInputs",
     "attention_call",
     "bytes_moved",
     "check_gate",
     "derive_copy",
     "make_paged_inputs",
-    "make_write_inputs",
     "sdpa_inputs",
-    "write_call",
 ]
 
 ATTENTION_PATHS = ("dense", "paged", "sdpa")
@@ -328,43 +326,3 @@ def check_gate(out: mx.array, expected: mx.array, dtype: str) -> dict[str, float
         "max_rel_err": max_err / ref_max if ref_max else max_err,
         "tolerance": tol,
     }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class WriteInputs:
-    """One decode step's new K/V for `write_kv`.
-
-    Attributes:
-        keys: [T, Hkv, D] with T = B * L new tokens.
-        values: [T, Hkv, D].
-        slot_mapping: int32 [T], the slot of each row's last context position.
-    """
-
-    keys: mx.array
-    values: mx.array
-    slot_mapping: mx.array
-
-
-def make_write_inputs(shape: Shape, pages: PagedInputs, *, seed: int) -> WriteInputs:
-    """New rows for the last `query_len` positions of every row of `pages`' block table."""
-    block_table = np.asarray(pages.block_table)
-    positions = np.arange(shape.context - shape.query_len, shape.context)
-    page_ids = block_table[:, positions // shape.page_size]
-    slots = (page_ids * shape.page_size + positions % shape.page_size).reshape(-1)
-    k_key, v_key = mx.random.split(mx.random.key(seed + 1))
-    rows = (len(slots), shape.heads_kv, shape.head_dim)
-    keys = mx.random.normal(rows, key=k_key).astype(shape.mx_dtype)
-    values = mx.random.normal(rows, key=v_key).astype(shape.mx_dtype)
-    mx.eval(keys, values)
-    return WriteInputs(keys=keys, values=values, slot_mapping=mx.array(slots.astype(np.int32)))
-
-
-def write_call(
-    backend: KernelBackend, rows: WriteInputs
-) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]:
-    """One decode step's `write_kv` into (key_pages, value_pages); returns the updated pages."""
-
-    def write(key_pages: mx.array, value_pages: mx.array) -> tuple[mx.array, mx.array]:
-        return backend.write_kv(key_pages, value_pages, rows.keys, rows.values, rows.slot_mapping)
-
-    return write

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-__all__ = ["detect_kind", "plot_file"]
+__all__ = ["detect_kind", "plot_files"]
 
 PATH_STYLE = {
     "dense": dict(color="tab:orange", marker="s", label="dense (gather + dense attention)"),
@@ -152,37 +153,42 @@ def _attention_bars(document: dict, out: Path, stem: str) -> list[Path]:
     return written
 
 
-def _serving(document: dict, out: Path, stem: str) -> list[Path]:
-    results = document["results"]
-    variants = [r["variant"] for r in results]
+def _serving(documents: list[dict], out: Path, stem: str) -> list[Path]:
+    """Throughput and K/V memory per variant, all serving files' variants side by side."""
+    results = [r for d in documents for r in d["results"]]
+    variants = [textwrap.fill(r["variant"], 14) for r in results]
     fig, (left, right) = _panels(2, ncols=2)
+    fig.set_size_inches(max(9.0, 2.2 * len(results)), 4.0)
     metrics = ("prefill_tokens_per_s", "decode_tokens_per_s", "output_tokens_per_s")
     width = 0.8 / len(metrics)
     for i, metric in enumerate(metrics):
-        left.bar(
+        bars = left.bar(
             [j + i * width for j in range(len(results))],
             [r[metric] for r in results],
             width,
             label=metric.replace("_", " "),
         )
-    left.set_xticks([j + width for j in range(len(results))], variants)
+        left.bar_label(bars, fmt="%.4g", fontsize=6)
+    left.set_xticks([j + width for j in range(len(results))], variants, fontsize=7)
     left.set(yscale="log", ylabel="tokens / s", title="throughput")
     left.legend(fontsize=7)
     for i, metric in enumerate(("peak_kv_bytes", "copied_bytes")):
+        # mlx-lm reports no copy volume (None): drawn as a missing bar, not as zero.
+        present = [(j, r[metric]) for j, r in enumerate(results) if r.get(metric) is not None]
         right.bar(
-            [j + i * 0.4 for j in range(len(results))],
-            [r[metric] / 2**20 for r in results],
+            [j + i * 0.4 for j, _ in present],
+            [value / 2**20 for _, value in present],
             0.4,
             label=metric.replace("_", " "),
         )
-    right.set_xticks([j + 0.2 for j in range(len(results))], variants)
+    right.set_xticks([j + 0.2 for j in range(len(results))], variants, fontsize=7)
     right.set(ylabel="MiB", title="K/V memory: peak and bytes copied")
     right.legend(fontsize=7)
-    trace = document["trace"]
-    context = document.get("context", {})
+    trace = documents[0]["trace"]
+    models = sorted({d.get("context", {}).get("model", "") for d in documents})
     title = (
-        f"serve-bench {context.get('model', '')} {context.get('device', '')}: "
-        f"{trace['num_seqs']} requests, batch {trace['batch_size']}"
+        f"serving {', '.join(models)}: {trace['num_seqs']} requests, batch {trace['batch_size']}, "
+        f"prefill step {trace['prefill_step']}"
     )
     return [_save(fig, out / f"{stem}-serving.png", title)]
 
@@ -209,18 +215,28 @@ def _admission(document: dict, out: Path, stem: str) -> list[Path]:
     return [_save(fig, out / f"{stem}-admission.png", title)]
 
 
-def plot_file(path: Path, output_dir: Path) -> list[Path]:
-    """Writes every plot a results file supports; returns the PNG paths."""
-    document = json.loads(path.read_text())
-    kind = detect_kind(document)
+def plot_files(paths: list[Path], output_dir: Path) -> list[Path]:
+    """Writes every plot the results files support; returns the PNG paths.
+
+    Serving files (serve-bench, mlx_lm_reference) are drawn together in one figure, named after
+    the first of them; attention and admission files get their own figures each.
+    """
+    documents = [(path, json.loads(path.read_text())) for path in paths]
     output_dir.mkdir(parents=True, exist_ok=True)
-    if kind == "attention":
-        return _attention_curves(document, output_dir, path.stem) + _attention_bars(
-            document, output_dir, path.stem
-        )
-    if kind == "serving":
-        return _serving(document, output_dir, path.stem)
-    return _admission(document, output_dir, path.stem)
+    written: list[Path] = []
+    serving = []
+    for path, document in documents:
+        kind = detect_kind(document)
+        if kind == "attention":
+            written += _attention_curves(document, output_dir, path.stem)
+            written += _attention_bars(document, output_dir, path.stem)
+        elif kind == "admission_sweep":
+            written += _admission(document, output_dir, path.stem)
+        else:
+            serving.append((path, document))
+    if serving:
+        written += _serving([d for _, d in serving], output_dir, serving[0][0].stem)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,9 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path, help="results JSON files")
     parser.add_argument("--output-dir", type=Path, default=Path("plots"))
     args = parser.parse_args(argv)
-    for path in args.results:
-        for png in plot_file(path, args.output_dir):
-            print(png)
+    for png in plot_files(args.results, args.output_dir):
+        print(png)
     return 0
 
 
