@@ -18,6 +18,7 @@ checks that it would trip a gate, so the gates can fail on a 3x regression despi
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import mlx.core as mx
 import pytest
@@ -42,6 +43,19 @@ CALLS_PER_ROUND = 3
 
 def _shape(dtype: str) -> Shape:
     return Shape(batch=4, context=1024, page_size=16, dtype=dtype)
+
+
+def _measure(benchmark, calls: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+    """Interleaved medians of `calls`, run once under pytest-benchmark (recorded in its JSON)."""
+    medians = benchmark.pedantic(
+        interleaved_medians,
+        args=(calls,),
+        kwargs={"rounds": ROUNDS, "calls_per_round": CALLS_PER_ROUND},
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info["median_ms"] = {k: 1e3 * statistics.median(v) for k, v in medians.items()}
+    return medians
 
 
 def _ratios(medians: dict[str, list[float]], numerator: str) -> dict[str, float]:
@@ -70,18 +84,10 @@ def test_paged_decode_gates(benchmark, on_cpu, dtype: str) -> None:
         "dense": lambda: paths["dense"](inputs),
         "sdpa": lambda: paths["sdpa"](gathered),
     }
-    medians = benchmark.pedantic(
-        interleaved_medians,
-        args=(calls,),
-        kwargs={"rounds": ROUNDS, "calls_per_round": CALLS_PER_ROUND},
-        rounds=1,
-        iterations=1,
-    )
+    medians = _measure(benchmark, calls)
     ratios = _ratios(medians, "paged")
     slow = _ratios(medians, "paged_x3")
-    benchmark.extra_info.update(
-        {"median_ms": {k: 1e3 * statistics.median(v) for k, v in medians.items()}, **ratios}
-    )
+    benchmark.extra_info.update(ratios)
     report = f"{dtype}: " + ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items())
     assert ratios["paged/dense"] <= PAGED_OVER_DENSE, report
     assert ratios["paged/sdpa"] <= PAGED_OVER_SDPA, report
@@ -111,15 +117,6 @@ def test_write_kv_gate(benchmark, on_cpu) -> None:
         "write_kv": in_place,
         "copy_then_scatter": lambda: functional_write_kv(*pages[0], *new_rows),
     }
-    medians = benchmark.pedantic(
-        interleaved_medians,
-        args=(calls,),
-        kwargs={"rounds": ROUNDS, "calls_per_round": CALLS_PER_ROUND},
-        rounds=1,
-        iterations=1,
-    )
-    ratios = _ratios(medians, "write_kv")
-    benchmark.extra_info.update(
-        {"median_ms": {k: 1e3 * statistics.median(v) for k, v in medians.items()}, **ratios}
-    )
+    ratios = _ratios(_measure(benchmark, calls), "write_kv")
+    benchmark.extra_info.update(ratios)
     assert ratios["write_kv/copy_then_scatter"] <= WRITE_OVER_COPY, ratios
