@@ -1,0 +1,110 @@
+// What the two attention kernels (attention_simt.cuh, attention_mma.cuh) share: the kernel
+// parameters, the work-item decomposition, per-row key limits and the output epilogue that
+// writes either the final row or a split-K partial.
+//
+// Rows: the G = Hq / Hkv query heads of one kv head are packed with the L query positions into
+// R = L * G rows, row r = l * G + g (query head kv_head * G + g, position l). A CTA owns a block
+// of consecutive packed rows of one (b, kv_head) and one split (a contiguous key chunk).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_utils.cuh"
+#include "kernels/online_softmax.h"
+#include "kernels/paged_kv.h"
+
+namespace pagekernels::cuda {
+
+template <typename T, typename KV>
+struct AttentionParams {
+  const T* q;             // [B, Hq, L, D]
+  const T* k;             // key storage, addressed through kv
+  const T* v;             // value storage, same layout as k
+  T* out;                 // [B, Hq, L, D]; written when num_splits == 1
+  float* partial_out;     // [B, Hq, L, num_splits, D] normalised partial rows (num_splits > 1)
+  float* partial_lse;     // [B, Hq, L, num_splits] base-2 LSE of the scaled scores, -inf if empty
+  KV kv;
+  int num_q_heads;        // Hq
+  int num_kv_heads;       // Hkv
+  int group;              // G = Hq / Hkv
+  int query_len;          // L
+  int head_dim;           // D (runtime; kernels are compiled for a capacity >= D)
+  int num_row_blocks;     // CTAs per (b, kv_head) along the packed rows
+  int num_splits;         // key chunks per (b, kv_head, row block)
+  int chunk_keys;         // keys per chunk (multiple of the kernel's key tile)
+  float scale_log2;       // softmax scale * log2(e)
+  bool causal;            // bottom-right aligned to each request's key count
+};
+
+// The CTA's coordinates: blockIdx.x = (b, kv_head, row block) with the row block fastest and
+// reversed, so causal prefill starts the row blocks with the most keys first; blockIdx.y = split.
+struct WorkItem {
+  int b;
+  int kv_head;
+  int row_block;
+  int split;
+};
+
+template <typename P>
+__device__ __forceinline__ WorkItem work_item(const P& p) {
+  int item = blockIdx.x;
+  const int row_block = p.num_row_blocks - 1 - item % p.num_row_blocks;
+  item /= p.num_row_blocks;
+  return {item / p.num_kv_heads, item % p.num_kv_heads, row_block, static_cast<int>(blockIdx.y)};
+}
+
+// Exclusive bound on the keys that query position l sees (same rule as the CPU kernels).
+__device__ __forceinline__ int row_key_limit(int l, int query_len, int num_keys, bool causal) {
+  const int limit = causal ? causal_key_limit(l, query_len, num_keys) : num_keys;
+  return min(max(limit, 0), num_keys);
+}
+
+// Keys [begin, end) that a CTA with packed rows [row_begin, row_end) visits in its split.
+struct KeyRange {
+  int begin;
+  int end;        // <= begin when the CTA has nothing to do (it still writes an empty state)
+  int all_rows;   // keys below this are visible to every row: no element mask needed
+};
+
+template <typename P>
+__device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_begin,
+                                              int row_end, int split) {
+  const int first_l = row_begin / p.group;
+  const int last_l = (row_end - 1) / p.group;
+  const int begin = split * p.chunk_keys;
+  const int end = min(row_key_limit(last_l, p.query_len, num_keys, p.causal),
+                      begin + p.chunk_keys);
+  return {begin, end, row_key_limit(first_l, p.query_len, num_keys, p.causal)};
+}
+
+// Element offset of (b, query head of packed row r, position of r, 0) in q / out.
+template <typename P>
+__device__ __forceinline__ int64_t q_row_offset(const P& p, int b, int kv_head, int r) {
+  const int64_t head = static_cast<int64_t>(kv_head) * p.group + r % p.group;
+  return ((static_cast<int64_t>(b) * p.num_q_heads + head) * p.query_len + r / p.group) *
+         p.head_dim;
+}
+
+// Writes dims [d0, d0 + N) of packed row r: o_unnormalised / d to out when unsplit, else the
+// normalised fp32 partial (the thread with d0 == 0 also writes the row's LSE).
+template <typename T, int N, typename P>
+__device__ __forceinline__ void write_row(const P& p, const WorkItem& w, int r, int d0,
+                                          float (&o)[N], const SoftmaxState& state) {
+  const float inv = inverse_sum(state);
+#pragma unroll
+  for (int i = 0; i < N; ++i) o[i] *= inv;
+  const int64_t row = q_row_offset(p, w.b, w.kv_head, r);  // = row index * D
+  if (p.num_splits == 1) {
+    store_float<T>(p.out + row + d0, o);
+    return;
+  }
+  const int64_t slot = (row / p.head_dim) * p.num_splits + w.split;
+  float* dst = p.partial_out + slot * p.head_dim + d0;
+#pragma unroll
+  for (int i = 0; i < N; i += 4) {
+    *reinterpret_cast<float4*>(dst + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+  }
+  if (d0 == 0) p.partial_lse[slot] = state.d > 0.0f ? state.m + log2f(state.d) : -INFINITY;
+}
+
+}  // namespace pagekernels::cuda

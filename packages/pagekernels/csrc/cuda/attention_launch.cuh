@@ -1,0 +1,182 @@
+// Host side shared by paged_attention.cu and dense_attention.cu: choose the schedule and kernel,
+// plan the split from shapes, and add the attention (+ merge) nodes to MLX's graph.
+//
+// Schedules: decode (L <= kDecodeMaxQueryLen) and prefill. Kernels:
+//   float16/bfloat16, D in {64, 128}: attention_mma (decode or prefill warp layout);
+//   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "cuda/attention_mma.cuh"
+#include "cuda/attention_simt.cuh"
+#include "cuda/launch_utils.cuh"
+#include "cuda/merge_splits.cuh"
+#include "cuda/split_plan.h"
+#include "cuda/tuning.h"
+
+namespace pagekernels::cuda {
+
+// Query lengths up to this use the decode schedule (same constant as the CPU kernels; the
+// seed's starting value, to confirm by measuring L = 8 vs 9 on the H200).
+constexpr int kDecodeMaxQueryLen = 8;
+
+struct AttentionShape {
+  int batch;         // B
+  int num_q_heads;   // Hq
+  int num_kv_heads;  // Hkv
+  int query_len;     // L
+  int head_dim;      // D
+  int64_t max_keys;  // shape bound on keys per request: max_pages * page_size, or S
+  int page_size;     // split chunks start on page boundaries (dense: 1)
+  float scale;
+  bool causal;
+};
+
+template <typename T, typename KV>
+struct KernelChoice {
+  void (*kernel)(AttentionParams<T, KV>);
+  int threads;
+  size_t smem_bytes;
+  int rows_per_cta;
+  int key_tile;
+};
+
+template <typename T, int kDimCap, int kRows, typename KV>
+KernelChoice<T, KV> simt_choice() {
+  using C = SimtConfig<T, kDimCap, kRows>;
+  return {&attention_simt_kernel<T, kDimCap, kRows, KV>, C::kThreads, C::kSmemBytes, kRows,
+          C::kTile};
+}
+
+// Rows per CTA: 1 (MHA decode), 4 or 8 (as many as the 128 threads allow at this D).
+template <typename T, int kDimCap, typename KV>
+KernelChoice<T, KV> simt_choice_for_rows(int rows) {
+  if (rows <= 1) return simt_choice<T, kDimCap, 1, KV>();
+  if constexpr (SimtConfig<T, kDimCap, 1>::kLanes * 8 <= 128) {
+    if (rows > 4) return simt_choice<T, kDimCap, 8, KV>();
+  }
+  return simt_choice<T, kDimCap, 4, KV>();
+}
+
+template <typename T, typename KV>
+KernelChoice<T, KV> simt_kernel(int head_dim, int rows) {
+  if (head_dim <= 64) return simt_choice_for_rows<T, 64, KV>(rows);
+  if (head_dim <= 128) return simt_choice_for_rows<T, 128, KV>(rows);
+  return simt_choice_for_rows<T, 256, KV>(rows);
+}
+
+template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kStages, typename KV>
+KernelChoice<T, KV> mma_choice() {
+  using C = MmaConfig<T, kHeadDim, kWarpsQ, kWarpsKV, kStages>;
+  return {&attention_mma_kernel<T, kHeadDim, kWarpsQ, kWarpsKV, kStages, KV>, C::kThreads,
+          C::kSmemBytes, C::kRows, C::kTile};
+}
+
+template <typename T, typename KV>
+KernelChoice<T, KV> mma_kernel(int head_dim, bool decode) {
+  if (decode) {  // 16 rows, 4 warps split the keys, 3-stage ring (~100 KB: 2 CTAs/SM)
+    return head_dim == 64 ? mma_choice<T, 64, 1, 4, 3, KV>() : mma_choice<T, 128, 1, 4, 3, KV>();
+  }
+  // 64 rows, 4 warps split the rows, 2-stage ring (~80 KB: 2 CTAs/SM)
+  return head_dim == 64 ? mma_choice<T, 64, 4, 1, 2, KV>() : mma_choice<T, 128, 4, 1, 2, KV>();
+}
+
+inline void check_head_dim(std::string_view op, int head_dim) {
+  if (head_dim % 8 != 0 || head_dim > 256) {
+    throw std::invalid_argument("[" + std::string(op) +
+                                "] the CUDA kernels support head dims that are multiples of 8 "
+                                "up to 256, got D=" + std::to_string(head_dim));
+  }
+}
+
+// Allocates `out` and adds the nodes computing attention of q over the keys that `kv` addresses
+// in k/v. `metadata` are the small int32 inputs (block_table, lens) the kernels read.
+template <typename T, typename KV>
+void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, const mx::array& v,
+                      std::initializer_list<const mx::array*> metadata, mx::array& out,
+                      const AttentionShape& s, const KV& kv) {
+  const bool decode = s.query_len <= kDecodeMaxQueryLen;
+  const int group = s.num_q_heads / s.num_kv_heads;
+  const int rows = s.query_len * group;
+  bool tensor_cores = false;
+  if constexpr (!std::is_same_v<T, float>) {
+    tensor_cores = (s.head_dim == 64 || s.head_dim == 128) && (!decode || decode_tensor_cores());
+  }
+  KernelChoice<T, KV> choice{};
+  if constexpr (!std::is_same_v<T, float>) {
+    if (tensor_cores) choice = mma_kernel<T, KV>(s.head_dim, decode);
+  }
+  if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);
+  const KernelInfo info = kernel_info(enc, reinterpret_cast<const void*>(choice.kernel),
+                                      choice.threads, choice.smem_bytes);
+
+  const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
+  const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
+  const SplitPlan plan =
+      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
+                  int64_t{sm_count(enc)} * info.ctas_per_sm,
+                  decode ? decode_num_splits() : prefill_num_splits());
+
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  AttentionParams<T, KV> p{};
+  p.q = mx::gpu_ptr<T>(q);
+  p.k = mx::gpu_ptr<T>(k);
+  p.v = mx::gpu_ptr<T>(v);
+  p.out = mx::gpu_ptr<T>(out);
+  p.kv = kv;
+  p.num_q_heads = s.num_q_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.group = group;
+  p.query_len = s.query_len;
+  p.head_dim = s.head_dim;
+  p.num_row_blocks = row_blocks;
+  p.num_splits = plan.num_splits;
+  p.chunk_keys = plan.chunk_keys;
+  p.scale_log2 = s.scale * kLog2e;
+  p.causal = s.causal;
+
+  auto register_inputs = [&] {
+    enc.set_input_array(q);
+    enc.set_input_array(k);
+    enc.set_input_array(v);
+    for (const mx::array* a : metadata) enc.set_input_array(*a);
+  };
+  const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(plan.num_splits));
+  if (plan.num_splits == 1) {
+    register_inputs();
+    enc.set_output_array(out);
+    add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
+    return;
+  }
+
+  const int64_t out_rows = int64_t{s.batch} * s.num_q_heads * s.query_len;
+  mx::array partial_out = scratch_array(
+      enc, {static_cast<int>(out_rows), plan.num_splits, s.head_dim}, mx::float32);
+  mx::array partial_lse =
+      scratch_array(enc, {static_cast<int>(out_rows), plan.num_splits}, mx::float32);
+  p.partial_out = mx::gpu_ptr<float>(partial_out);
+  p.partial_lse = mx::gpu_ptr<float>(partial_lse);
+  register_inputs();
+  enc.set_output_array(partial_out);
+  enc.set_output_array(partial_lse);
+  add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
+
+  const KernelInfo merge = kernel_info(
+      enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), 32 * kMergeWarps, 0);
+  const float* merge_in = p.partial_out;
+  const float* merge_lse = p.partial_lse;
+  T* merge_out = p.out;
+  int num_splits = plan.num_splits;
+  int head_dim = s.head_dim;
+  int64_t num_rows = out_rows;
+  enc.set_input_array(partial_out);
+  enc.set_input_array(partial_lse);
+  enc.set_output_array(out);
+  add_kernel(enc, merge, dim3(static_cast<unsigned>(ceil_div(out_rows, kMergeWarps))),
+             32 * kMergeWarps, 0, merge_in, merge_lse, merge_out, num_rows, num_splits, head_dim);
+}
+
+}  // namespace pagekernels::cuda

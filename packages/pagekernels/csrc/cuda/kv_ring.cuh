@@ -1,0 +1,126 @@
+// The K/V tile ring both attention kernels stream keys through (cp.async, kStages deep).
+//
+// Tile i holds keys begin + i * kTile + [0, kTile) in stage i % kStages. Its row offsets are
+// resolved once per key, by thread j for key j, into offset slot i % (kStages + 1), and shared
+// through shared memory with the threads that issue the 16-byte copies. Kernels use it as:
+//
+//   ring.store_offsets(s, ring.locate(s)) for s < kStages; barrier; ring.issue(s) for s < kStages-1
+//   for each tile i:
+//     ahead = ring.locate(i + kStages)        // block_table load, in flight during tile i
+//     cp_async_wait<kStages - 2>(); barrier   // tile i has landed
+//     ring.issue(i + kStages - 1)             // refills tile i-1's stage
+//     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.tile_offsets(i) for masks)
+//     ring.store_offsets(i + kStages, ahead)  // into tile i-1's offset slot
+//
+// Slot (i + kStages) % (kStages + 1) held tile i-1's offsets; their last reader (compute of tile
+// i-1) finished before tile i's barrier, and the next reader (issue at i+1) comes after the next
+// barrier, so one barrier per tile suffices. Rows that are unmapped or past `end` have offset -1:
+// their copies zero-fill (src-size 0), so pool garbage never reaches shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_utils.cuh"
+#include "cuda/kv_source.cuh"
+
+namespace pagekernels::cuda {
+
+// kRowElems: elements per shared row (the kernel's head-dim capacity). kSwizzle: place 16-byte
+// chunk c of row r at chunk c ^ (r % 8) (for ldmatrix); otherwise rows are plain.
+template <typename T, int kTile, int kRowElems, int kStages, int kThreads, bool kSwizzle>
+struct KVRing {
+  static constexpr int kOffsetSlots = kStages + 1;
+  static constexpr int kElemsPerChunk = 16 / int(sizeof(T));
+  static constexpr int kChunks = kRowElems / kElemsPerChunk;  // 16-byte chunks per row
+  static constexpr int kTileElems = kTile * kRowElems;
+  static_assert((kTile * kChunks) % kThreads == 0, "tile copies must split evenly");
+  static_assert(kTile <= kThreads, "one thread per key resolves offsets");
+  static constexpr size_t kRingBytes = 2 * size_t{kStages} * kTileElems * sizeof(T);
+  static constexpr size_t kSmemBytes = kRingBytes + kOffsetSlots * kTile * sizeof(int64_t);
+
+  T* k_ring;         // [kStages][kTile][kRowElems]
+  T* v_ring;         // same
+  int64_t* offsets;  // [kOffsetSlots][kTile]
+  const T* k;
+  const T* v;
+  int b;
+  int kv_head;
+  int begin;      // first key of tile 0
+  int end;        // keys >= end are never loaded
+  int head_dim;   // valid elements per row (<= kRowElems)
+  int num_tiles;
+
+  __device__ __forceinline__ KVRing(unsigned char* smem, const T* k_, const T* v_, int b_,
+                                    int kv_head_, int begin_, int end_, int head_dim_)
+      : k_ring(reinterpret_cast<T*>(smem)),
+        v_ring(k_ring + kStages * kTileElems),
+        offsets(reinterpret_cast<int64_t*>(v_ring + kStages * kTileElems)),
+        k(k_),
+        v(v_),
+        b(b_),
+        kv_head(kv_head_),
+        begin(begin_),
+        end(end_),
+        head_dim(head_dim_),
+        num_tiles(end_ > begin_ ? (end_ - begin_ + kTile - 1) / kTile : 0) {}
+
+  __device__ __forceinline__ static int position(int row, int chunk) {
+    if constexpr (kSwizzle) {
+      return row * kRowElems + ((chunk ^ (row & 7)) * kElemsPerChunk);
+    } else {
+      return row * kRowElems + chunk * kElemsPerChunk;
+    }
+  }
+
+  // Starts the block_table lookup of this thread's key in `tile` (no-op rows get page -1).
+  template <typename KV>
+  __device__ __forceinline__ KVRow locate(const KV& kv, int tile) const {
+    const int j = static_cast<int>(threadIdx.x);
+    const int t = begin + tile * kTile + j;
+    return (j < kTile && tile < num_tiles && t < end) ? kv.locate(b, t) : KVRow{-1, 0};
+  }
+
+  // Publishes this thread's key offset of `tile`; true when the key is in range but unmapped.
+  template <typename KV>
+  __device__ __forceinline__ bool store_offsets(const KV& kv, int tile, KVRow row) const {
+    const int j = static_cast<int>(threadIdx.x);
+    if (j >= kTile || tile >= num_tiles) return false;
+    const int64_t off = kv.offset(row, kv_head);
+    offsets[(tile % kOffsetSlots) * kTile + j] = off;
+    return off < 0 && begin + tile * kTile + j < end;
+  }
+
+  // Copies of `tile` into its stage as one cp.async group (an empty group past the last tile,
+  // so the wait counts stay uniform).
+  __device__ __forceinline__ void issue(int tile) const {
+    if (tile < num_tiles) {
+      const int64_t* offs = tile_offsets(tile);
+      T* ks = k_ring + (tile % kStages) * kTileElems;
+      T* vs = v_ring + (tile % kStages) * kTileElems;
+#pragma unroll
+      for (int i = static_cast<int>(threadIdx.x); i < kTile * kChunks; i += kThreads) {
+        const int j = i / kChunks;
+        const int chunk = i % kChunks;
+        const int64_t off = offs[j];
+        const bool valid = off >= 0 && chunk * kElemsPerChunk < head_dim;
+        const int64_t src = valid ? off + chunk * kElemsPerChunk : 0;
+        cp_async_16(ks + position(j, chunk), k + src, valid);
+        cp_async_16(vs + position(j, chunk), v + src, valid);
+      }
+    }
+    cp_async_commit();
+  }
+
+  __device__ __forceinline__ const T* k_tile(int tile) const {
+    return k_ring + (tile % kStages) * kTileElems;
+  }
+  __device__ __forceinline__ const T* v_tile(int tile) const {
+    return v_ring + (tile % kStages) * kTileElems;
+  }
+  __device__ __forceinline__ const int64_t* tile_offsets(int tile) const {
+    return offsets + (tile % kOffsetSlots) * kTile;
+  }
+  __device__ __forceinline__ int first_key(int tile) const { return begin + tile * kTile; }
+};
+
+}  // namespace pagekernels::cuda

@@ -1,0 +1,44 @@
+// Process-wide kernel knobs declared in tuning.h.
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/tuning.h"
+
+namespace pagekernels::cuda {
+
+namespace {
+
+std::atomic<int> g_decode_splits{0};
+std::atomic<int> g_prefill_splits{0};
+std::atomic<bool> g_decode_tensor_cores{true};
+
+void check_splits(const char* name, int n) {
+  if (n < 0) {
+    throw std::invalid_argument(std::string("[") + name +
+                                "] split count must be >= 0 (0 = automatic), got " +
+                                std::to_string(n));
+  }
+}
+
+}  // namespace
+
+void set_decode_num_splits(int n) {
+  check_splits("set_decode_num_splits", n);
+  g_decode_splits = n;
+}
+
+int decode_num_splits() { return g_decode_splits; }
+
+void set_prefill_num_splits(int n) {
+  check_splits("set_prefill_num_splits", n);
+  g_prefill_splits = n;
+}
+
+int prefill_num_splits() { return g_prefill_splits; }
+
+void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
+
+bool decode_tensor_cores() { return g_decode_tensor_cores; }
+
+}  // namespace pagekernels::cuda

@@ -1,0 +1,21 @@
+// Knobs for tests and benchmarks of the CUDA attention kernels (process-wide, thread-safe).
+// Plain C++ so bindings.cpp can include it; defined in tuning.cu. Defaults are production values.
+#pragma once
+
+namespace pagekernels::cuda {
+
+// Split-K chunks of the decode schedule (L <= 8): 0 = automatic (split_plan.h), n > 0 = n
+// chunks, clamped to the number of chunks the keys allow. Throws std::invalid_argument if n < 0.
+void set_decode_num_splits(int n);
+int decode_num_splits();
+
+// Same for the prefill schedule (L > 8).
+void set_prefill_num_splits(int n);
+int prefill_num_splits();
+
+// Decode on tensor cores (float16/bfloat16, D = 64 or 128); false forces the CUDA-core kernel,
+// which every other dtype and head dim uses anyway. Default true.
+void set_decode_tensor_cores(bool enabled);
+bool decode_tensor_cores();
+
+}  // namespace pagekernels::cuda
