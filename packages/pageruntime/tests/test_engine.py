@@ -112,6 +112,13 @@ def test_bad_requests_are_rejected_before_anything_is_allocated(
     assert not engine.has_unfinished()
 
 
+def test_a_prompt_may_be_any_iterable_of_ints(make_engine) -> None:
+    engine = make_engine()
+    [from_range, from_list] = engine.generate([range(3, 9), [3, 4, 5, 6, 7, 8]])
+    assert from_range.output_ids == from_list.output_ids
+    assert from_range.prompt_ids == (3, 4, 5, 6, 7, 8)
+
+
 def test_params_must_be_sampling_params(make_engine) -> None:
     with pytest.raises(TypeError, match="SamplingParams"):
         make_engine().add_request([1, 2], {"max_new_tokens": 3})

@@ -6,8 +6,9 @@ prefill chunk -> one host synchronisation that samples every row -> bookkeeping 
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from pagepool import KVStorage, PagePool
 from pageruntime.errors import RequestFailed, RequestRejected
@@ -39,9 +40,13 @@ class Engine:
         TypeError: `model` lacks the `StepModel` methods, or its storage is not a
             `KVStorage` over the engine's pool.
 
+    An engine is not thread-safe: drive it (`step`, `stream`, `generate`) from one thread.
+
     Example:
-        >>> engine = Engine(model, num_pages=64, page_size=16)
-        >>> [out.output_ids for out in engine.generate([[1, 2, 3]], SamplingParams())]
+        >>> from pageruntime.testing import ContextHashModel
+        >>> engine = Engine(ContextHashModel(), num_pages=64, page_size=16)
+        >>> engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))[0].output_ids
+        (27, 33, 26, 56)
     """
 
     def __init__(
@@ -74,6 +79,8 @@ class Engine:
             max_batch_size=max_batch_size,
             max_row_pages=min(-(-self._max_seq_len // page_size), num_pages),
         )
+        if admission not in set(AdmissionPolicy):
+            raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
         self._scheduler = Scheduler(
             self._pool,
             max_batch_size=max_batch_size,
@@ -98,7 +105,7 @@ class Engine:
             pool=self._pool.metrics(), preemptions=self._scheduler.num_preemptions
         )
 
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
+    def add_request(self, prompt_ids: Iterable[int], params: SamplingParams | None = None) -> int:
         """Queue a request; it is admitted by a later `step`.
 
         Args:
@@ -149,7 +156,7 @@ class Engine:
         return events
 
     def stream(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+        self, prompt_ids: Iterable[int], params: SamplingParams | None = None
     ) -> Iterator[int]:
         """Submit a request now and iterate over its tokens as they are produced.
 
@@ -164,7 +171,7 @@ class Engine:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Iterable[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion and return their outputs in submission order.
@@ -194,23 +201,25 @@ class Engine:
     # -- submission ------------------------------------------------------------------------
 
     def _validated(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None
+        self, prompt_ids: Iterable[int], params: SamplingParams | None
     ) -> tuple[tuple[int, ...], SamplingParams]:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Iterable):
             raise RequestRejected(f"prompt_ids must be a sequence of ints, got {prompt_ids!r}")
-        prompt = tuple(prompt_ids)
-        if not prompt or not all(_is_token_id(t) for t in prompt):
-            raise RequestRejected(f"prompt_ids must be one or more ints >= 0, got {prompt!r:.80}")
+        prompt = tuple(_as_token_id(token) for token in prompt_ids)
+        if not prompt or None in prompt:
+            raise RequestRejected(
+                f"prompt_ids must be one or more ints >= 0, got {prompt_ids!r:.80}"
+            )
         if len(prompt) >= self._max_seq_len:
             raise RequestRejected(
                 f"prompt has {len(prompt)} tokens but the model's max_seq_len is "
                 f"{self._max_seq_len}; it must be shorter to leave room for output"
             )
         self._scheduler.check_admissible(len(prompt), params.max_new_tokens)
-        return tuple(t.__index__() for t in prompt), params
+        return prompt, params
 
     def _submit(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> Request:
         request = Request(self._num_submitted, prompt_ids, params, max_seq_len=self._max_seq_len)
@@ -314,5 +323,12 @@ def _check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def _is_token_id(value: object) -> bool:
-    return not isinstance(value, bool) and hasattr(value, "__index__") and value.__index__() >= 0
+def _as_token_id(value: object) -> int | None:
+    """`value` as a token id (an int >= 0, numpy integers included), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        token = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return token if token >= 0 else None

@@ -16,7 +16,7 @@ class EngineStats:
 
     Attributes:
         steps: Steps that ran at least one model call.
-        prefill_tokens: Tokens processed by prefill calls (recomputation included).
+        prefill_tokens: Tokens sent to prefill calls (recomputation included).
         decode_tokens: Tokens produced by decode calls (real rows only, no padding).
         step_times: Wall time of every counted step, in seconds (planning, model calls, the
             one host synchronisation, bookkeeping).
