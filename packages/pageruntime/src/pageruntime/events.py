@@ -1,9 +1,16 @@
 """The engine's structlog events: one emitter, so every event carries the same core fields.
 
-Events: `request_admitted`, `prefill_chunk`, `first_token`, `request_finished`,
-`request_preempted` (info) and `request_failed` (warning). Each has `request_id`, `step`,
-`num_tokens` and `num_pages`; nothing is logged per layer. The library never configures
-structlog (see `pageruntime.logging.configure_logging`).
+Every event has `request_id`, `step`, `num_tokens` and `num_pages`; nothing is logged per layer.
+The library never configures structlog (see `pageruntime.logging.configure_logging`).
+
+| event | level | `num_tokens` | `num_pages` | extras |
+|---|---|---|---|---|
+| `request_admitted` | info | tokens to prefill | pages they need | `num_free_pages`, `resumed` |
+| `prefill_chunk` | info | chunk length | pages held | `context_len` |
+| `first_token` | info | prompt + 1 | pages held | `token` |
+| `request_preempted` | info | prompt + output | pages freed | |
+| `request_finished` | info | output tokens | pages freed | `finish_reason` |
+| `request_failed` | warning | output tokens | pages freed | `finish_reason`, `error` |
 """
 
 from __future__ import annotations
