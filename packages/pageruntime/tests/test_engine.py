@@ -193,8 +193,10 @@ def test_abort_frees_pages_at_once_and_reports_at_the_next_step(make_engine) -> 
         engine.step()
     assert engine.pool.num_live > 0
     assert engine.abort(running) and engine.abort(waiting)
-    assert engine.pool.num_live == 0 and not engine.has_unfinished()
+    assert engine.pool.num_live == 0
+    assert engine.has_unfinished()  # until step() has reported the aborts
     events = engine.step()
+    assert not engine.has_unfinished()
     assert [(e.request_id, e.token, e.finished, e.finish_reason) for e in events] == [
         (running, None, True, FinishReason.ABORTED),
         (waiting, None, True, FinishReason.ABORTED),
@@ -221,7 +223,25 @@ def test_closing_a_stream_early_aborts_its_request(make_engine) -> None:
     assert next(stream) == reference_output([2, 7, 1, 8], SamplingParams(), max_seq_len=256)[0]
     assert engine.pool.num_live > 0
     stream.close()
-    assert not engine.has_unfinished() and engine.pool.num_live == 0
+    assert engine.pool.num_live == 0
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (stream.request_id, FinishReason.ABORTED)
+    assert not engine.has_unfinished()
+    assert list(stream) == []
+
+
+def test_a_stream_closed_before_its_first_token_or_by_with_aborts(make_engine) -> None:
+    engine = make_engine()
+    unread = engine.stream([1, 2], SamplingParams(max_new_tokens=30))
+    unread.close()
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (unread.request_id, FinishReason.ABORTED)
+    with engine.stream([3, 4], SamplingParams(max_new_tokens=30)) as stream:
+        assert next(stream) == reference_output([3, 4], SamplingParams(), max_seq_len=256)[0]
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (stream.request_id, FinishReason.ABORTED)
+    assert engine.pool.metrics().num_allocations == 1  # only the second one ever ran
+    assert not engine.has_unfinished()
 
 
 def test_two_streams_interleave(make_engine) -> None:

@@ -123,5 +123,6 @@ def test_finish_releases_pages_and_dequeues() -> None:
     assert pool.num_live == 2 and waiting.state is RequestState.WAITING  # a chunk of 8
     scheduler.finish(waiting, FinishReason.ABORTED, step=0)
     scheduler.finish(running, FinishReason.FAILED, step=0, error=RuntimeError("x"))
-    assert pool.num_live == 0 and not scheduler.has_unfinished
+    assert pool.num_live == 0
+    assert scheduler.schedule(step=1).works == []  # nothing left to run
     assert running.finished and str(running.error) == "x" and running.page_list is None

@@ -14,6 +14,7 @@ from pageruntime.request import FinishReason, RequestOutput, TokenEvent
 from pageruntime.sampling import SamplingParams, sample_tokens, token_key
 from pageruntime.scheduler import AdmissionPolicy
 from pageruntime.stats import EngineStats
+from pageruntime.stream import TokenStream
 
 __version__ = version("pageruntime")
 
@@ -32,6 +33,7 @@ __all__ = [
     "SamplingParams",
     "StepModel",
     "TokenEvent",
+    "TokenStream",
     "__version__",
     "configure_logging",
     "sample_tokens",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 from pagepool import KVStorage, PagePool
-from pageruntime.errors import RequestFailed, RequestRejected
+from pageruntime.errors import RequestRejected
 from pageruntime.events import emit
 from pageruntime.protocols import Sampler, StepModel
 from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
@@ -19,6 +19,7 @@ from pageruntime.runner import StepRunner
 from pageruntime.sampling import SamplingParams, sample_tokens
 from pageruntime.scheduler import AdmissionPolicy, Scheduler
 from pageruntime.stats import EngineStats, StatsRecorder
+from pageruntime.stream import TokenStream
 
 __all__ = ["Engine"]
 
@@ -142,11 +143,17 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self._requests)
+        """Whether a request is waiting or running, or an abort is still to be reported.
+
+        So `while engine.has_unfinished(): engine.step()` sees the end of every request.
+        """
+        return bool(self._requests or self._pending)
 
     def step(self) -> list[TokenEvent]:
         """Run one scheduler step and report what happened, in order.
+
+        Events go to the caller of the step that produced them only: the steps that `stream`
+        and `generate` run report through those interfaces instead.
 
         Returns:
             One event per produced token (the last one of a request has `finished`), plus one
@@ -157,17 +164,21 @@ class Engine:
 
     def stream(
         self, prompt_ids: Iterable[int], params: SamplingParams | None = None
-    ) -> Iterator[int]:
+    ) -> TokenStream:
         """Submit a request now and iterate over its tokens as they are produced.
 
         Iterating runs engine steps, so other requests keep running meanwhile. Closing the
-        iterator early aborts the request.
+        stream early (or leaving its `with` block) aborts the request.
+
+        Returns:
+            An iterator of token ids, with `request_id` and `close()`.
 
         Raises:
             RequestRejected, TypeError: As `add_request`, at call time.
             RequestFailed: While iterating, if the request failed (after its tokens so far).
         """
-        return self._stream(self._submit(*self._validated(prompt_ids, params)))
+        request = self._submit(*self._validated(prompt_ids, params))
+        return TokenStream(request, step=self._step_with_progress, abort=self.abort)
 
     def generate(
         self,
@@ -227,22 +238,6 @@ class Engine:
         self._requests[request.request_id] = request
         self._scheduler.add(request)
         return request
-
-    def _stream(self, request: Request) -> Iterator[int]:
-        num_yielded = 0
-        try:
-            while True:
-                while num_yielded < len(request.output_ids):
-                    yield request.output_ids[num_yielded]
-                    num_yielded += 1
-                if request.finished:
-                    break
-                self._step_with_progress()
-            if request.finish_reason is FinishReason.FAILED:
-                raise RequestFailed(request.request_id, request.error) from request.error
-        finally:
-            if not request.finished:
-                self.abort(request.request_id)
 
     def _step_with_progress(self) -> None:
         events, did_work = self._step()

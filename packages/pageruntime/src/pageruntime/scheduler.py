@@ -107,11 +107,6 @@ class Scheduler:
         self._num_admissions = 0
         self.num_preemptions = 0
 
-    @property
-    def has_unfinished(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self._waiting or self._running)
-
     def check_admissible(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise `RequestRejected` if such a request could never run, even in an empty pool."""
         if self._admission is AdmissionPolicy.RESERVE:
