@@ -1,15 +1,17 @@
 """Performance regression gates for CI (CPU, 2 cores): ratios of times measured in the same run.
 
 Absolute times depend on the machine and on its neighbours; the ratio of two operations timed
-in alternating order within one test does not, much. Each gate compares the native kernel
-under test with a competitor measured alongside it, at a Qwen3-4B decode shape:
+seconds apart, in alternating order, does not, much. Each test times its calls in ROUNDS rounds
+and gates the median over rounds of the per-round ratio of the native kernel under test to a
+competitor measured alongside it, at a Qwen3-4B decode shape (B 4, context 1024, page 16):
 
 - paged decode / (gather + dense attention) <= PAGED_OVER_DENSE: paging must not cost more than
   the dense control it replaces;
 - paged decode / MLX SDPA (on pre-gathered K/V) <= PAGED_OVER_SDPA: the issue's CPU target,
   "the paged CPU kernel within 2x of MLX's CPU SDPA";
 - write_kv for one decode step / copy-then-scatter of the pool <= WRITE_OVER_COPY: the write
-  path must stay in place.
+  path must stay in place (measured ~0.004 on the 2-core CI machine; the bound catches a 5x
+  slowdown of this dispatch-bound op and any return to a whole-pool copy).
 
 Each test also times the paged call made three times slower (three calls per measurement) and
 checks that it would trip a gate, so the gates can fail on a 3x regression despite the noise.
@@ -36,8 +38,8 @@ from pagekernels import get_backend
 
 PAGED_OVER_DENSE = 1.2
 PAGED_OVER_SDPA = 2.0
-WRITE_OVER_COPY = 0.1
-ROUNDS = 7
+WRITE_OVER_COPY = 0.02
+ROUNDS = 11
 CALLS_PER_ROUND = 3
 
 
@@ -59,8 +61,19 @@ def _measure(benchmark, calls: dict[str, Callable[[], object]]) -> dict[str, lis
 
 
 def _ratios(medians: dict[str, list[float]], numerator: str) -> dict[str, float]:
-    mid = {name: statistics.median(values) for name, values in medians.items()}
-    return {f"{numerator}/{name}": mid[numerator] / mid[name] for name in mid if name != numerator}
+    """`numerator`'s time over each other call's: the median over rounds of the per-round ratio.
+
+    Both times of a per-round ratio were taken seconds apart, so load from neighbours that
+    comes and goes between rounds cancels; on a busy 2-core machine this is far steadier than a
+    ratio of overall medians or minimums.
+    """
+    return {
+        f"{numerator}/{name}": statistics.median(
+            a / b for a, b in zip(medians[numerator], times, strict=True)
+        )
+        for name, times in medians.items()
+        if name != numerator
+    }
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
