@@ -41,19 +41,12 @@ def _cpu_name() -> str:
 
 
 def _gpu() -> dict[str, str] | None:
-    query = "name,driver_version,memory.total,clocks.max.sm,clocks.max.mem"
+    query = "name,driver_version,memory.total"
     out = _run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"])
     if out is None:
         return None
-    name, driver, memory, sm_clock, mem_clock = (f.strip() for f in out.splitlines()[0].split(","))
-    return {
-        "name": name,
-        "driver": driver,
-        "memory": memory,
-        "max_sm_clock": sm_clock,
-        "max_mem_clock": mem_clock,
-        "count": str(len(out.splitlines())),
-    }
+    name, driver, memory = (f.strip() for f in out.splitlines()[0].split(",")[:3])
+    return {"name": name, "driver": driver, "memory": memory, "count": str(len(out.splitlines()))}
 
 
 def _commit() -> dict[str, str | bool | None]:
