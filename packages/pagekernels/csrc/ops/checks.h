@@ -1,0 +1,132 @@
+// Boundary checks shared by the op functions: each throws std::invalid_argument (ValueError in
+// Python) with a message "[op] what was wrong; what was expected". Shapes and dtypes only.
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "mlx/ops.h"
+#include "mlx/utils.h"
+
+namespace pagekernels {
+
+namespace mx = mlx::core;
+
+inline std::string shape_str(const mx::array& a) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
+  os << (a.ndim() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+inline std::string dtype_str(mx::Dtype dtype) {
+  std::ostringstream os;
+  os << dtype;
+  return os.str();
+}
+
+[[noreturn]] inline void fail(std::string_view op, const std::string& message) {
+  throw std::invalid_argument("[" + std::string(op) + "] " + message);
+}
+
+inline void check(bool ok, std::string_view op, const std::string& message) {
+  if (!ok) fail(op, message);
+}
+
+// `name` must have rank `ndim`; `layout` names the axes, e.g. "[B, Hq, L, D]".
+inline void check_rank(std::string_view op, const mx::array& a, std::string_view name, int ndim,
+                       std::string_view layout) {
+  check(a.ndim() == ndim, op,
+        std::string(name) + " must have rank " + std::to_string(ndim) + " " + std::string(layout) +
+            ", got shape " + shape_str(a));
+}
+
+inline void check_dtype(std::string_view op, const mx::array& a, std::string_view name,
+                        mx::Dtype expected) {
+  check(a.dtype() == expected, op,
+        std::string(name) + " must be " + dtype_str(expected) + ", got " + dtype_str(a.dtype()));
+}
+
+// Attention tensors: float32, float16 or bfloat16.
+inline void check_float_dtype(std::string_view op, const mx::array& a, std::string_view name) {
+  auto t = a.dtype();
+  check(t == mx::float32 || t == mx::float16 || t == mx::bfloat16, op,
+        std::string(name) + " must be float32, float16 or bfloat16, got " + dtype_str(t));
+}
+
+inline void check_same_dtype(std::string_view op, const mx::array& a, std::string_view a_name,
+                             const mx::array& b, std::string_view b_name) {
+  check(a.dtype() == b.dtype(), op,
+        std::string(b_name) + " must have the dtype of " + std::string(a_name) + " (" +
+            dtype_str(a.dtype()) + "), got " + dtype_str(b.dtype()));
+}
+
+inline void check_same_shape(std::string_view op, const mx::array& a, std::string_view a_name,
+                             const mx::array& b, std::string_view b_name) {
+  check(a.shape() == b.shape(), op,
+        std::string(b_name) + " must have the shape of " + std::string(a_name) + " " +
+            shape_str(a) + ", got " + shape_str(b));
+}
+
+// "the axis of a and of b must agree": dim a.shape(ai) (named an) vs b.shape(bi) (named bn).
+inline void check_dim(std::string_view op, const mx::array& a, int ai, std::string_view an,
+                      const mx::array& b, int bi, std::string_view bn) {
+  check(a.shape(ai) == b.shape(bi), op,
+        std::string(bn) + ".shape[" + std::to_string(bi) + "]=" + std::to_string(b.shape(bi)) +
+            " must equal " + std::string(an) + ".shape[" + std::to_string(ai) +
+            "]=" + std::to_string(a.shape(ai)));
+}
+
+// Grouped-query attention: Hq query heads share Hkv K/V heads.
+inline void check_gqa(std::string_view op, int num_q_heads, int num_kv_heads) {
+  check(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0, op,
+        "query heads Hq=" + std::to_string(num_q_heads) +
+            " must be a multiple of key/value heads Hkv=" + std::to_string(num_kv_heads));
+}
+
+// Page storage [P, Hkv, page_size, D] (K and V alike, float) with its block table int32
+// [B, max_pages] and context lengths int32 [B].
+inline void check_paged_kv(std::string_view op, const mx::array& key_pages,
+                           const mx::array& value_pages, const mx::array& block_table,
+                           const mx::array& context_lens, int page_size) {
+  check_rank(op, key_pages, "key_pages", 4, "[P, Hkv, page_size, D]");
+  check_same_shape(op, key_pages, "key_pages", value_pages, "value_pages");
+  check_rank(op, block_table, "block_table", 2, "[B, max_pages]");
+  check_rank(op, context_lens, "context_lens", 1, "[B]");
+  check_float_dtype(op, key_pages, "key_pages");
+  check_same_dtype(op, key_pages, "key_pages", value_pages, "value_pages");
+  check_dtype(op, block_table, "block_table", mx::int32);
+  check_dtype(op, context_lens, "context_lens", mx::int32);
+  check(page_size > 0, op, "page_size must be positive, got " + std::to_string(page_size));
+  check(key_pages.shape(2) == page_size, op,
+        "key_pages.shape[2]=" + std::to_string(key_pages.shape(2)) +
+            " (slots per page) must equal page_size=" + std::to_string(page_size));
+  check_dim(op, block_table, 0, "block_table", context_lens, 0, "context_lens");
+}
+
+// mask: nullopt -> no mask, "causal" -> causal; anything else is rejected.
+inline bool parse_causal(std::string_view op, const std::optional<std::string>& mask) {
+  if (!mask) return false;
+  check(*mask == "causal", op, "mask must be None or \"causal\", got \"" + *mask + "\"");
+  return true;
+}
+
+inline float resolve_scale(std::string_view op, std::optional<float> scale, int head_dim) {
+  if (!scale) return 1.0f / std::sqrt(static_cast<float>(head_dim));
+  check(std::isfinite(*scale), op, "scale must be a finite number, got " + std::to_string(*scale));
+  return *scale;
+}
+
+// Kernels index inputs as dense row-major buffers. Already-evaluated row-contiguous arrays pass
+// as they are; others go through mx::contiguous, which shares the buffer when it can.
+inline mx::array row_contiguous(const mx::array& a, const mx::Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
+}  // namespace pagekernels

@@ -1,0 +1,60 @@
+// The five pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
+//
+// Shape letters: B batch rows, Hq query heads, Hkv K/V heads (Hq % Hkv == 0), L query length,
+// S dense key length, D head dim, P physical pages, ps page size, T new tokens.
+// Every op validates ranks, shapes and dtypes here (std::invalid_argument -> ValueError) and never
+// reads array values: value checks (page ids, padding, coverage) belong to the host metadata
+// builders. Every op is lazy like any MLX op.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "mlx/array.h"
+#include "mlx/utils.h"
+
+namespace pagekernels {
+
+namespace mx = mlx::core;
+
+// queries [B,Hq,L,D]; key_pages/value_pages [P,Hkv,ps,D]; block_table int32 [B,max_pages] (-1
+// padded); context_lens int32 [B]. mask: none or "causal" (bottom-right aligned to each row's
+// context). Returns [B,Hq,L,D] in the queries' dtype; rows with context 0 are zeros.
+mx::array paged_attention(const mx::array& queries, const mx::array& key_pages,
+                          const mx::array& value_pages, const mx::array& block_table,
+                          const mx::array& context_lens, int page_size,
+                          std::optional<float> scale = std::nullopt,
+                          const std::optional<std::string>& mask = std::nullopt,
+                          mx::StreamOrDevice s = {});
+
+// Writes keys/values [T,Hkv,D] into slots slot_mapping int32 [T] (slot = page_id * ps + offset)
+// of the pages, in place. Negative and out-of-storage slots are skipped. Returns the updated
+// (key_pages, value_pages), which share the input pages' buffers.
+std::pair<mx::array, mx::array> write_kv(const mx::array& key_pages, const mx::array& value_pages,
+                                         const mx::array& keys, const mx::array& values,
+                                         const mx::array& slot_mapping,
+                                         mx::StreamOrDevice s = {});
+
+// Dense copies of each row's K/V: ([B,Hkv,max_pages*ps,D], same) with zeros past context_lens[b].
+std::pair<mx::array, mx::array> gather_kv(const mx::array& key_pages, const mx::array& value_pages,
+                                          const mx::array& block_table,
+                                          const mx::array& context_lens, int page_size,
+                                          mx::StreamOrDevice s = {});
+
+// queries [B,Hq,L,D]; keys/values [B,Hkv,S,D]; key_lens int32 [B] valid keys per row (none: S).
+// Same online-softmax kernel as paged_attention; causal is aligned to key_lens[b].
+mx::array dense_attention(const mx::array& queries, const mx::array& keys,
+                          const mx::array& values, std::optional<float> scale = std::nullopt,
+                          const std::optional<std::string>& mask = std::nullopt,
+                          const std::optional<mx::array>& key_lens = std::nullopt,
+                          mx::StreamOrDevice s = {});
+
+// Rows `indices` (any integer dtype and shape) of an mx.quantize'd (affine) table: weight uint32
+// [V, dims*bits/32], scales/biases [V, dims/group_size]. Returns [*indices.shape, dims] in the
+// scales' dtype. Out-of-range indices give rows of zeros.
+mx::array quantized_embedding(const mx::array& indices, const mx::array& weight,
+                              const mx::array& scales, const mx::array& biases, int group_size,
+                              int bits, mx::StreamOrDevice s = {});
+
+}  // namespace pagekernels

@@ -1,0 +1,97 @@
+// The MLX primitives behind the ops in pagekernels.h. Inference only: no jvp/vjp/vmap (the base
+// class throws). eval_cpu lives in csrc/cpu/<op>.cpp, the op function and eval_gpu in
+// csrc/ops/<op>.cpp, the CUDA kernels in csrc/cuda/. Inputs arrive row-contiguous and validated.
+#pragma once
+
+#include <tuple>
+#include <vector>
+
+#include "mlx/primitives.h"
+
+namespace pagekernels {
+
+namespace mx = mlx::core;
+
+// What paged and dense attention share: the attributes (scale, causal) and the output shape.
+class Attention : public mx::Primitive {
+ public:
+  Attention(mx::Stream stream, float scale, bool causal)
+      : mx::Primitive(stream), scale_(scale), causal_(causal) {}
+
+  // MLX compares primitives only after checking that their types match.
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return state() == static_cast<const Attention&>(other).state();
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  std::tuple<float, bool> state() const { return {scale_, causal_}; }
+
+ protected:
+  const float scale_;
+  const bool causal_;
+};
+
+// inputs: queries, key_pages, value_pages, block_table, context_lens -> [B,Hq,L,D]
+class PagedAttention : public Attention {
+ public:
+  using Attention::Attention;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "PagedAttention"; }
+};
+
+// inputs: queries, keys, values, key_lens -> [B,Hq,L,D]
+class DenseAttention : public Attention {
+ public:
+  using Attention::Attention;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "DenseAttention"; }
+};
+
+// inputs: key_pages, value_pages, keys, values, slot_mapping -> (key_pages, value_pages).
+// Both outputs alias the page buffers: page storage is request state that outlives this call, so
+// the write must cost O(T), not a copy of the pool. Hence is_equivalent is always false (two
+// writes are never interchangeable) and the result must be used in place of the input pages.
+class WriteKV : public mx::Primitive {
+ public:
+  explicit WriteKV(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "WriteKV"; }
+  bool is_equivalent(const mx::Primitive&) const override { return false; }
+  std::tuple<> state() const { return {}; }
+};
+
+// inputs: key_pages, value_pages, block_table, context_lens -> ([B,Hkv,max_pages*ps,D], same)
+class GatherKV : public mx::Primitive {
+ public:
+  explicit GatherKV(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GatherKV"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }  // no attributes
+  std::tuple<> state() const { return {}; }
+};
+
+// inputs: indices int32 [N], weight, scales, biases -> [N, dims]
+class QuantizedEmbedding : public mx::Primitive {
+ public:
+  QuantizedEmbedding(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "QuantizedEmbedding"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::tuple<int, int> state() const { return {group_size_, bits_}; }
+
+ private:
+  const int group_size_;
+  const int bits_;
+};
+
+}  // namespace pagekernels

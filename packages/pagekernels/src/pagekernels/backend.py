@@ -1,0 +1,120 @@
+"""The `KernelBackend` interface and its registry (entry-point group `pagekernels.backends`).
+
+`native` (compiled kernels) and `reference` (readable `mlx.core`) ship with this package; any
+installed distribution can add one by declaring an entry point in that group whose object
+implements `KernelBackend`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Literal, Protocol
+
+import mlx.core as mx
+
+ENTRY_POINT_GROUP = "pagekernels.backends"
+
+
+class KernelBackend(Protocol):
+    """The five kernel ops the model calls (shape letters as in `pagekernels.native`)."""
+
+    @property
+    def name(self) -> str:
+        """The backend's registry name."""
+        ...
+
+    def paged_attention(
+        self,
+        queries: mx.array,
+        key_pages: mx.array,
+        value_pages: mx.array,
+        block_table: mx.array,
+        context_lens: mx.array,
+        page_size: int,
+        *,
+        scale: float | None = None,
+        mask: Literal["causal"] | None = None,
+    ) -> mx.array:
+        """queries `[B,Hq,L,D]`, pages `[P,Hkv,ps,D]`, block_table int32 `[B,max_pages]`,
+        context_lens int32 `[B]` -> `[B,Hq,L,D]` in the queries' dtype."""
+        ...
+
+    def write_kv(
+        self,
+        key_pages: mx.array,
+        value_pages: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        slot_mapping: mx.array,
+    ) -> tuple[mx.array, mx.array]:
+        """keys/values `[T,Hkv,D]` into slots int32 `[T]` (negative skipped) -> updated pages."""
+        ...
+
+    def gather_kv(
+        self,
+        key_pages: mx.array,
+        value_pages: mx.array,
+        block_table: mx.array,
+        context_lens: mx.array,
+        page_size: int,
+    ) -> tuple[mx.array, mx.array]:
+        """-> dense `([B,Hkv,max_pages*ps,D], same)`, zeros past each row's context."""
+        ...
+
+    def dense_attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        *,
+        scale: float | None = None,
+        mask: Literal["causal"] | None = None,
+        key_lens: mx.array | None = None,
+    ) -> mx.array:
+        """queries `[B,Hq,L,D]`, keys/values `[B,Hkv,S,D]`, key_lens int32 `[B]` | None
+        -> `[B,Hq,L,D]`."""
+        ...
+
+    def quantized_embedding(
+        self,
+        indices: mx.array,
+        weight: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        *,
+        group_size: int,
+        bits: int,
+    ) -> mx.array:
+        """Integer indices `[...]` of an `mx.quantize`d table -> `[..., dims]` (scales' dtype)."""
+        ...
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_backends() -> list[str]:
+    """Names of the installed kernel backends, sorted."""
+    return sorted(_entry_points())
+
+
+def get_backend(name: str = "native") -> KernelBackend:
+    """Loads the kernel backend registered under `name`.
+
+    Args:
+        name: An entry-point name of the `pagekernels.backends` group ("native", "reference",
+            or one another distribution registers).
+
+    Returns:
+        The backend object.
+
+    Raises:
+        ValueError: If no installed distribution registers `name`.
+    """
+    entry_points = _entry_points()
+    if name not in entry_points:
+        available = ", ".join(sorted(entry_points)) or "none"
+        raise ValueError(
+            f"unknown kernel backend {name!r}; available ({ENTRY_POINT_GROUP}): {available}"
+        )
+    return entry_points[name].load()

@@ -1,0 +1,219 @@
+"""The compiled kernels: typed wrappers over the `_ext` custom primitives (the `native` backend).
+
+Shape letters: B batch rows, Hq query heads, Hkv key/value heads (Hq % Hkv == 0), L query
+length, S dense key length, D head dim, P physical pages, ps page size, T new tokens. Every op
+is lazy like any MLX op and checks ranks, shapes and dtypes (ValueError); it never reads array
+values, so per-step metadata values are checked on the host (`validate_paged_metadata`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mlx.core as mx
+
+from pagekernels import _ext
+
+StreamOrDevice = mx.Stream | mx.Device | None
+
+#: True when this build carries the CUDA kernels (built with PAGEKERNELS_CUDA=1).
+with_cuda: bool = _ext.with_cuda
+
+
+def paged_attention(
+    queries: mx.array,
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    page_size: int,
+    *,
+    scale: float | None = None,
+    mask: Literal["causal"] | None = None,
+    stream: StreamOrDevice = None,
+) -> mx.array:
+    """Attention over K/V read straight from page storage through a block table.
+
+    Request b's logical key t lives in page `block_table[b, t // page_size]`, slot
+    `t % page_size`; it has `context_lens[b]` keys. Query head h reads kv head
+    `h // (Hq // Hkv)`. Scores and softmax run in float32. Queries with L <= 8 use the decode
+    schedule, longer ones the prefill schedule (chosen inside the extension).
+
+    Args:
+        queries: `[B, Hq, L, D]` float32, float16 or bfloat16.
+        key_pages: `[P, Hkv, page_size, D]`, the queries' dtype.
+        value_pages: `[P, Hkv, page_size, D]`, the queries' dtype.
+        block_table: int32 `[B, max_pages]`, physical page ids, -1 for unused entries.
+        context_lens: int32 `[B]`, keys per row (including the L new ones); 0 for an empty row.
+        page_size: Tokens per page; must equal `key_pages.shape[2]`.
+        scale: Score scale; None means `D ** -0.5`.
+        mask: None (every row sees all its keys) or "causal": query l of row b sees key s iff
+            `s <= l + context_lens[b] - L` (bottom-right aligned).
+        stream: Stream or device to run on (default: the default stream).
+
+    Returns:
+        `[B, Hq, L, D]` in the queries' dtype; rows that see no key are zeros.
+
+    Raises:
+        ValueError: On wrong ranks, shapes or dtypes, `Hq % Hkv != 0`, a page size that is not
+            positive or differs from `key_pages.shape[2]`, or a mask other than None/"causal".
+    """
+    return _ext.paged_attention(
+        queries,
+        key_pages,
+        value_pages,
+        block_table,
+        context_lens,
+        page_size,
+        scale=scale,
+        mask=mask,
+        stream=stream,
+    )
+
+
+def write_kv(
+    key_pages: mx.array,
+    value_pages: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    slot_mapping: mx.array,
+    *,
+    stream: StreamOrDevice = None,
+) -> tuple[mx.array, mx.array]:
+    """Writes new tokens' K/V into their page slots, in place (cost proportional to T).
+
+    Token t goes to slot `slot_mapping[t] = page_id * page_size + offset`. Negative slots
+    (padding) and slots beyond the storage are skipped. The returned arrays share the input
+    pages' buffers: use them in place of the inputs, so that later reads depend on the write.
+
+    Args:
+        key_pages: `[P, Hkv, page_size, D]` float32, float16 or bfloat16 (row-contiguous, as
+            pagepool allocates it; a strided view would be copied first).
+        value_pages: `[P, Hkv, page_size, D]`, same dtype.
+        keys: `[T, Hkv, D]`, the pages' dtype.
+        values: `[T, Hkv, D]`, the pages' dtype.
+        slot_mapping: int32 `[T]`.
+        stream: Stream or device to run on.
+
+    Returns:
+        `(key_pages, value_pages)`, each `[P, Hkv, page_size, D]`, holding the new tokens.
+
+    Raises:
+        ValueError: On wrong ranks, shapes or dtypes.
+    """
+    return _ext.write_kv(key_pages, value_pages, keys, values, slot_mapping, stream=stream)
+
+
+def gather_kv(
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    page_size: int,
+    *,
+    stream: StreamOrDevice = None,
+) -> tuple[mx.array, mx.array]:
+    """Copies each row's pages into dense K/V (the dense-gather ablation).
+
+    Args:
+        key_pages: `[P, Hkv, page_size, D]` float32, float16 or bfloat16.
+        value_pages: `[P, Hkv, page_size, D]`, same dtype.
+        block_table: int32 `[B, max_pages]`, -1 for unused entries.
+        context_lens: int32 `[B]`.
+        page_size: Tokens per page; must equal `key_pages.shape[2]`.
+        stream: Stream or device to run on.
+
+    Returns:
+        `(keys, values)`, each `[B, Hkv, max_pages * page_size, D]` in the pages' dtype, zeros
+        past `context_lens[b]`.
+
+    Raises:
+        ValueError: On wrong ranks, shapes or dtypes, or a bad page size.
+    """
+    return _ext.gather_kv(
+        key_pages, value_pages, block_table, context_lens, page_size, stream=stream
+    )
+
+
+def dense_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float | None = None,
+    mask: Literal["causal"] | None = None,
+    key_lens: mx.array | None = None,
+    stream: StreamOrDevice = None,
+) -> mx.array:
+    """Attention over dense K/V with the same online-softmax kernel as `paged_attention`.
+
+    Args:
+        queries: `[B, Hq, L, D]` float32, float16 or bfloat16.
+        keys: `[B, Hkv, S, D]`, the queries' dtype.
+        values: `[B, Hkv, S, D]`, the queries' dtype.
+        scale: Score scale; None means `D ** -0.5`.
+        mask: None or "causal", aligned to `key_lens[b]` (query l sees key s iff
+            `s <= l + key_lens[b] - L`).
+        key_lens: int32 `[B]`, valid keys per row (the first `key_lens[b]` of S); None means S.
+        stream: Stream or device to run on.
+
+    Returns:
+        `[B, Hq, L, D]` in the queries' dtype; rows that see no key are zeros.
+
+    Raises:
+        ValueError: On wrong ranks, shapes or dtypes, `Hq % Hkv != 0` or a bad mask.
+    """
+    return _ext.dense_attention(
+        queries, keys, values, scale=scale, mask=mask, key_lens=key_lens, stream=stream
+    )
+
+
+def quantized_embedding(
+    indices: mx.array,
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    *,
+    group_size: int,
+    bits: int,
+    stream: StreamOrDevice = None,
+) -> mx.array:
+    """Looks up rows of an `mx.quantize`d table in one dispatch (affine mode).
+
+    Equal to `mx.dequantize(weight[indices], scales[indices], biases[indices], ...)` for valid
+    indices; an index outside `[0, V)` gives a row of zeros (never a read outside the table).
+
+    Args:
+        indices: Any integer dtype, any shape `[...]`.
+        weight: uint32 `[V, dims * bits / 32]`, packed as `mx.quantize` packs it.
+        scales: `[V, dims / group_size]` float32, float16 or bfloat16.
+        biases: `[V, dims / group_size]`, the scales' dtype.
+        group_size: 32, 64 or 128.
+        bits: 1, 2, 3, 4, 5, 6 or 8.
+        stream: Stream or device to run on.
+
+    Returns:
+        `[..., dims]` in the scales' dtype.
+
+    Raises:
+        ValueError: On a non-integer index dtype, unsupported bits or group size, or shapes
+            that do not fit together.
+    """
+    return _ext.quantized_embedding(
+        indices, weight, scales, biases, group_size=group_size, bits=bits, stream=stream
+    )
+
+
+class NativeBackend:
+    """`KernelBackend` backed by the compiled custom primitives."""
+
+    name = "native"
+    paged_attention = staticmethod(paged_attention)
+    write_kv = staticmethod(write_kv)
+    gather_kv = staticmethod(gather_kv)
+    dense_attention = staticmethod(dense_attention)
+    quantized_embedding = staticmethod(quantized_embedding)
+
+
+#: The `native` entry point of the `pagekernels.backends` group.
+backend = NativeBackend()

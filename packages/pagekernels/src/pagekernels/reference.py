@@ -1,0 +1,173 @@
+"""The readable `mlx.core` equation of every op (the `reference` backend and the tests' oracle).
+
+Same signatures and semantics as `pagekernels.native`, written for clarity, not speed: paged
+attention gathers K/V through the block table with MLX indexing and runs masked float32 softmax
+attention on the dense result.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mlx.core as mx
+
+
+def gather_kv(
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    page_size: int,
+) -> tuple[mx.array, mx.array]:
+    """Dense K/V of each row's pages; see `pagekernels.native.gather_kv`.
+
+    Returns:
+        `(keys, values)`, each `[B, Hkv, max_pages * page_size, D]`, zeros past the context.
+    """
+    P, Hkv, _, D = key_pages.shape
+    B, max_pages = block_table.shape
+    positions = mx.arange(max_pages * page_size)
+    page_of_position = block_table[:, positions // page_size]  # [B, S]
+    mapped = (page_of_position >= 0) & (page_of_position < P)
+    live = mapped & (positions[None, :] < context_lens[:, None])  # [B, S]
+    page_ids = mx.where((block_table >= 0) & (block_table < P), block_table, 0)
+
+    def dense(pages: mx.array) -> mx.array:
+        rows = pages[page_ids]  # [B, max_pages, Hkv, ps, D]
+        rows = rows.transpose(0, 2, 1, 3, 4).reshape(B, Hkv, max_pages * page_size, D)
+        return mx.where(live[:, None, :, None], rows, mx.zeros_like(rows))
+
+    return dense(key_pages), dense(value_pages)
+
+
+def dense_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float | None = None,
+    mask: Literal["causal"] | None = None,
+    key_lens: mx.array | None = None,
+) -> mx.array:
+    """softmax(q k^T * scale, masked) v in float32; see `pagekernels.native.dense_attention`.
+
+    Returns:
+        `[B, Hq, L, D]` in the queries' dtype; rows that see no key are zeros.
+    """
+    B, Hq, L, D = queries.shape
+    _, Hkv, S, _ = keys.shape
+    scale = D**-0.5 if scale is None else scale
+    lens = mx.full((B,), S, dtype=mx.int32) if key_lens is None else mx.clip(key_lens, 0, S)
+
+    key_pos = mx.arange(S)[None, :]  # [1, S]
+    query_pos = mx.arange(L)[:, None]  # [L, 1]
+    row_lens = lens[:, None, None]  # [B, 1, 1]
+    visible = key_pos[None] < row_lens  # [B, 1, S]
+
+    # Keys past key_lens are not part of the row (whatever the buffer holds there).
+    live = visible[:, :, :, None]  # [B, 1, S, 1]
+    k = mx.where(live, keys.astype(mx.float32), 0.0)[:, :, None]  # [B, Hkv, 1, S, D]
+    v = mx.where(live, values.astype(mx.float32), 0.0)[:, :, None]
+    # Grouped-query attention: the G = Hq / Hkv query heads of kv head h are heads h*G..h*G+G-1.
+    q = queries.astype(mx.float32).reshape(B, Hkv, Hq // Hkv, L, D)
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # [B, Hkv, G, L, S]
+
+    if mask == "causal":  # bottom-right aligned: the last query sees every key of its row
+        visible = visible & (key_pos[None] <= query_pos[None] + row_lens - L)  # [B, L, S]
+    visible = visible[:, None, None]  # [B, 1, 1, L or 1, S]
+
+    weights = mx.softmax(mx.where(visible, scores, -mx.inf), axis=-1)
+    weights = mx.where(visible, weights, 0.0)  # rows with no visible key: zeros, not NaN
+    out = weights @ v  # [B, Hkv, G, L, D]
+    return out.reshape(B, Hq, L, D).astype(queries.dtype)
+
+
+def paged_attention(
+    queries: mx.array,
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    page_size: int,
+    *,
+    scale: float | None = None,
+    mask: Literal["causal"] | None = None,
+) -> mx.array:
+    """Gather through the block table, then dense attention; see
+    `pagekernels.native.paged_attention`.
+
+    Returns:
+        `[B, Hq, L, D]` in the queries' dtype.
+    """
+    keys, values = gather_kv(key_pages, value_pages, block_table, context_lens, page_size)
+    return dense_attention(queries, keys, values, scale=scale, mask=mask, key_lens=context_lens)
+
+
+def write_kv(
+    key_pages: mx.array,
+    value_pages: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    slot_mapping: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """Pages with token t's K/V at slot `slot_mapping[t]`; see `pagekernels.native.write_kv`.
+
+    Functional: returns new arrays and leaves the inputs untouched (reads `slot_mapping` on the
+    host to drop negative and out-of-storage slots).
+
+    Returns:
+        `(key_pages, value_pages)`, each `[P, Hkv, page_size, D]`.
+    """
+    P, _, page_size, _ = key_pages.shape
+    slots = slot_mapping.tolist()
+    tokens = [t for t, slot in enumerate(slots) if 0 <= slot < P * page_size]
+    if not tokens:
+        return key_pages, value_pages
+    kept = mx.array(tokens)
+    kept_slots = mx.array([slots[t] for t in tokens])
+    pages, offsets = kept_slots // page_size, kept_slots % page_size
+
+    def write(storage: mx.array, rows: mx.array) -> mx.array:
+        updated = mx.array(storage)  # a new array object: item assignment rebinds only it
+        updated[pages, :, offsets] = rows[kept]  # [n, Hkv, D] at (page, :, offset)
+        return updated
+
+    return write(key_pages, keys), write(value_pages, values)
+
+
+def quantized_embedding(
+    indices: mx.array,
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    *,
+    group_size: int,
+    bits: int,
+) -> mx.array:
+    """`mx.dequantize` of the selected rows, zeros for out-of-range indices; see
+    `pagekernels.native.quantized_embedding`.
+
+    Returns:
+        `[..., dims]` in the scales' dtype.
+    """
+    valid = (indices >= 0) & (indices < weight.shape[0])
+    rows = mx.where(valid, indices, 0)
+    table = mx.dequantize(
+        weight[rows], scales[rows], biases[rows], group_size=group_size, bits=bits
+    )
+    return mx.where(valid[..., None], table, 0.0).astype(scales.dtype)
+
+
+class ReferenceBackend:
+    """`KernelBackend` made of the readable equations above."""
+
+    name = "reference"
+    paged_attention = staticmethod(paged_attention)
+    write_kv = staticmethod(write_kv)
+    gather_kv = staticmethod(gather_kv)
+    dense_attention = staticmethod(dense_attention)
+    quantized_embedding = staticmethod(quantized_embedding)
+
+
+#: The `reference` entry point of the `pagekernels.backends` group.
+backend = ReferenceBackend()

@@ -1,0 +1,122 @@
+"""paged_attention against the readable reference and MLX SDPA on gathered K/V."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from pagekernels import dense_attention, paged_attention, reference
+
+# (contexts, Hq, Hkv, L, D, page_size, causal, dtype): each axis covered, not their product.
+# Contexts cross page boundaries and end mid-page; L=8 is the last decode-schedule length.
+CASES = [
+    ([5, 17, 1], 4, 4, 1, 64, 1, False, mx.float32),
+    ([9, 2, 14], 4, 2, 2, 128, 4, True, mx.bfloat16),
+    ([40, 8, 100], 8, 2, 8, 128, 16, True, mx.float16),
+    ([9, 70], 8, 1, 9, 96, 32, True, mx.float32),
+    ([65, 300], 8, 2, 65, 64, 128, True, mx.bfloat16),
+    ([200, 261], 4, 2, 200, 32, 16, True, mx.float32),
+    ([20, 9, 33], 4, 1, 9, 64, 4, False, mx.float16),
+    ([700, 513], 16, 2, 1, 128, 16, False, mx.bfloat16),  # large enough to use threads
+    ([1030, 31], 8, 8, 3, 128, 32, True, mx.float32),
+]
+CASE_IDS = [
+    f"ctx{'-'.join(map(str, c[0]))}_gqa{c[1] // c[2]}_L{c[3]}_D{c[4]}_ps{c[5]}"
+    f"_{'causal' if c[6] else 'full'}_{str(c[7]).split('.')[-1]}"
+    for c in CASES
+]
+
+
+@pytest.mark.parametrize(
+    ("contexts", "hq", "hkv", "L", "D", "page_size", "causal", "dtype"), CASES, ids=CASE_IDS
+)
+def test_matches_reference_and_sdpa(
+    device, make_paged, assert_close, poison_allocator, sdpa_oracle,
+    contexts, hq, hkv, L, D, page_size, causal, dtype,
+):  # fmt: skip
+    case = make_paged(
+        contexts=contexts, num_q_heads=hq, num_kv_heads=hkv, query_len=L, head_dim=D,
+        page_size=page_size, dtype=dtype, seed=len(CASE_IDS) * L + D,
+    )  # fmt: skip
+    mask = "causal" if causal else None
+    expected = reference.paged_attention(*case.args(), mask=mask)
+    poison_allocator(case.queries.shape, dtype)
+    out = paged_attention(*case.args(), mask=mask, stream=device)
+    assert_close(out, expected)
+
+    keys, values = reference.gather_kv(
+        case.key_pages, case.value_pages, case.block_table, case.context_lens, page_size
+    )
+    sdpa = sdpa_oracle(case.queries, keys, values, contexts, scale=D**-0.5, causal=causal)
+    assert_close(out, sdpa)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_empty_rows_give_zeros(device, make_paged, assert_close, poison_allocator, causal):
+    case = make_paged(
+        contexts=[0, 33, 0, 4], num_q_heads=4, num_kv_heads=2, query_len=4, head_dim=128,
+        page_size=16,
+    )  # fmt: skip
+    mask = "causal" if causal else None
+    poison_allocator(case.queries.shape, mx.float32)
+    out = paged_attention(*case.args(), mask=mask, stream=device)
+    assert_close(out, reference.paged_attention(*case.args(), mask=mask))
+    out_np = np.array(out)
+    assert (out_np[[0, 2]] == 0).all()
+    assert (np.abs(out_np[[1, 3]]).max(axis=-1) > 0).all()
+
+
+def test_scale_is_applied(device, make_paged, assert_close):
+    case = make_paged(
+        contexts=[37, 12], num_q_heads=4, num_kv_heads=2, query_len=1, head_dim=64, page_size=8
+    )
+    out = paged_attention(*case.args(), scale=0.37, stream=device)
+    assert_close(out, reference.paged_attention(*case.args(), scale=0.37))
+    default = paged_attention(*case.args(), stream=device)
+    assert not np.allclose(np.array(out), np.array(default), atol=1e-3)
+
+
+def test_same_kernel_as_dense_attention(device, make_paged, assert_close):
+    """Paged addressing and dense addressing share the online-softmax kernel: identical math."""
+    case = make_paged(
+        contexts=[50, 23], num_q_heads=8, num_kv_heads=2, query_len=5, head_dim=128, page_size=8
+    )
+    keys, values = reference.gather_kv(
+        case.key_pages, case.value_pages, case.block_table, case.context_lens, case.page_size
+    )
+    paged = paged_attention(*case.args(), mask="causal", stream=device)
+    dense = dense_attention(
+        case.queries, keys, values, mask="causal", key_lens=case.context_lens, stream=device
+    )
+    assert_close(paged, dense, tol=1e-6)
+
+
+def test_strided_inputs_are_read_correctly(device, make_paged, assert_close):
+    """Non-row-contiguous views (a transposed query, a slice of wider pages) are accepted."""
+    case = make_paged(
+        contexts=[19, 6], num_q_heads=4, num_kv_heads=2, query_len=3, head_dim=64, page_size=8
+    )
+    queries_blhd = case.queries.transpose(0, 2, 1, 3)  # as a projection would produce it
+    queries = queries_blhd.transpose(0, 2, 1, 3)
+    wide_keys = mx.concatenate([case.key_pages, case.key_pages], axis=2)[:, :, : case.page_size]
+    out = paged_attention(
+        queries, wide_keys, case.value_pages, case.block_table, case.context_lens,
+        case.page_size, mask="causal", stream=device,
+    )  # fmt: skip
+    assert_close(out, reference.paged_attention(*case.args(), mask="causal"))
+
+
+def test_works_under_compile(device, make_paged, assert_close):
+    case = make_paged(
+        contexts=[30, 3], num_q_heads=4, num_kv_heads=4, query_len=3, head_dim=64, page_size=4
+    )
+
+    @mx.compile
+    def twice(*args):
+        a = paged_attention(*args, case.page_size, mask="causal", stream=device)
+        b = paged_attention(*args, case.page_size, mask="causal", stream=device)
+        return a + b
+
+    out = twice(*case.args()[:-1])
+    assert_close(out, 2 * reference.paged_attention(*case.args(), mask="causal"))
