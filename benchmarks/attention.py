@@ -91,6 +91,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cooldown-seconds", type=float, default=0.0)
     parser.add_argument("--time-limit-s", type=float, help="start no new process after this")
+    parser.add_argument("--process-timeout-s", type=float, help="kill a worker after this")
     parser.add_argument("--json-output", type=Path)
     parser.add_argument("--worker", metavar="CONFIG_JSON", help=argparse.SUPPRESS)
     return parser
@@ -147,17 +148,22 @@ def _worker_config(args: argparse.Namespace, path: str, seed: int) -> WorkerConf
     )
 
 
-def _run_process(cfg: WorkerConfig) -> tuple[list[dict], int, float]:
-    """Runs one fresh worker process; returns its records, exit code and wall seconds."""
+def _run_process(cfg: WorkerConfig, timeout: float | None) -> tuple[list[dict], int, float]:
+    """Runs one fresh worker process; returns its records, exit code and wall seconds.
+
+    A worker past `timeout` seconds is killed; the cells it finished are kept (exit code -9).
+    """
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", cfg.to_json()],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return records, done.returncode, time.perf_counter() - start
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", cfg.to_json()]
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout)
+        stdout, returncode = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        stdout, returncode = expired.stdout or "", -9
+        if isinstance(stdout, bytes):
+            stdout = stdout.decode()
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return records, returncode, time.perf_counter() - start
 
 
 def _document(args: argparse.Namespace, records: list[dict], processes: list[dict], complete: bool):
@@ -201,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 complete = False
                 break
             seed = args.seed + 1000 * repeat + PATHS.index(path)
-            found, returncode, seconds = _run_process(_worker_config(args, path, seed))
+            cfg = _worker_config(args, path, seed)
+            found, returncode, seconds = _run_process(cfg, args.process_timeout_s)
             for record in found:
                 record.update(repeat=repeat, order=position)
             records += found

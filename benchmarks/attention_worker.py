@@ -102,7 +102,8 @@ def _attention_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list
     plan = _plan(cfg, shape.kv_bytes if cfg.path == "sdpa" else pool_bytes, transient)
 
     def prepare(x: PagedInputs) -> object:
-        return sdpa_inputs(backend, x, shape) if cfg.path == "sdpa" else x
+        # The library baseline's input must not depend on our gather: use the reference's.
+        return sdpa_inputs(reference, x, shape) if cfg.path == "sdpa" else x
 
     copies = [prepare(first)]
     call = attention_call(cfg.path, backend, shape)

@@ -1,0 +1,254 @@
+"""Tests of the benchmark tools themselves: floors, batch planning, the gate, aggregation, the
+attention CLI end to end on a tiny grid, the admission sweep and the plots."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import admission_sweep
+import attention
+import mlx.core as mx
+import plot
+import pytest
+import structlog
+from admission_sweep import dense_slots, token_bytes
+from attention_report import aggregate
+from attention_workload import Shape, attention_call, check_gate, make_paged_inputs
+from batch_timer import plan_batches
+
+from pagekernels import get_backend
+from qwen3model import load_model
+from qwen3model.serving import Trace
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_shape_floors_match_the_design_notes() -> None:
+    for batch, context in [(1, 128), (8, 1024), (32, 32768)]:
+        shape = Shape(batch=batch, context=context, page_size=16)
+        assert shape.kv_bytes == 4096 * batch * context  # design notes §0, bf16
+        assert shape.gather_bytes == 2 * shape.kv_bytes  # pages read + dense copy written
+    for length in (128, 1024, 4096):
+        prefill = Shape(batch=1, context=length, page_size=16, query_len=length)
+        assert prefill.flops == 8192 * length * (length + 1)  # causal: L(L+1)/2 visible pairs
+    assert Shape(batch=3, context=100, page_size=16).gather_bytes == 4096 * 3 * (100 + 112)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"batch": 0}, "batch=0"),
+        ({"heads_q": 12, "heads_kv": 8}, "not a multiple"),
+        ({"query_len": 9, "context": 8}, "exceeds context"),
+        ({"dtype": "int8"}, "dtype='int8'"),
+    ],
+    ids=["empty-batch", "gqa-ratio", "query-past-context", "dtype"],
+)
+def test_shape_rejects_bad_fields(fields: dict, message: str) -> None:
+    base = {"batch": 1, "context": 64, "page_size": 16}
+    with pytest.raises(ValueError, match=message):
+        Shape(**{**base, **fields})
+
+
+def test_plan_rotates_past_the_cache_within_the_budget() -> None:
+    plan = plan_batches(
+        copy_bytes=10**6,
+        transient_bytes=10**5,
+        cache_bytes=50 * 10**6,
+        memory_budget=10**9,
+        max_calls=50,
+    )
+    assert plan.copies * 10**6 >= 4 * 50 * 10**6 and plan.calls_per_batch == 50
+    capped = plan_batches(
+        copy_bytes=10**6,
+        transient_bytes=10**8,
+        cache_bytes=50 * 10**6,
+        memory_budget=5 * 10**8,
+        max_calls=50,
+    )
+    assert capped.copies == 200 and capped.calls_per_batch == 3  # (500 - 200) MB / 100 MB
+    huge = plan_batches(
+        copy_bytes=10**10,
+        transient_bytes=10**10,
+        cache_bytes=50 * 10**6,
+        memory_budget=10**9,
+        max_calls=50,
+    )
+    assert (huge.copies, huge.calls_per_batch) == (1, 1)
+
+
+def test_gate_rejects_wrong_and_nan_outputs(on_cpu) -> None:
+    shape = Shape(batch=2, context=40, page_size=16, heads_q=4, heads_kv=2, head_dim=64)
+    inputs = make_paged_inputs(shape, seed=3)
+    expected = attention_call("paged", get_backend("reference"), shape)(inputs)
+    assert check_gate(expected, expected, shape.dtype)["ok"]
+    assert not check_gate(expected * 1.1, expected, shape.dtype)["ok"]
+    poisoned = mx.where(mx.arange(64) == 5, mx.array(float("nan")), expected.astype(mx.float32))
+    assert not check_gate(poisoned, expected, shape.dtype)["ok"]
+
+
+def test_inputs_shuffle_pages_and_poison_every_slot_no_row_reads(on_cpu) -> None:
+    shape = Shape(batch=3, context=40, page_size=16, heads_q=4, heads_kv=2, head_dim=64)
+    inputs = make_paged_inputs(shape, seed=5)
+    table = inputs.block_table.tolist()
+    flat = [page for row in table for page in row]
+    assert len(set(flat)) == len(flat) and flat != sorted(flat)
+    finite = mx.isnan(inputs.key_pages).sum(axis=(1, 3)) == 0  # [P, ps]
+    expected = [[False] * 16 for _ in range(inputs.key_pages.shape[0])]
+    for row in table:
+        for i, page in enumerate(row):
+            expected[page] = [i * 16 + slot < 40 for slot in range(16)]
+    assert finite.tolist() == expected
+    assert mx.array_equal(mx.isnan(inputs.key_pages), mx.isnan(inputs.value_pages)).item()
+
+
+def test_aggregate_takes_the_median_of_process_medians() -> None:
+    shape = Shape(batch=1, context=128, page_size=16).to_dict()
+    records = [
+        {
+            "path": "paged",
+            "shape": shape,
+            "status": "ok",
+            "median_us": us,
+            "samples_us": [us],
+            "bytes": {"kv_bytes": 524288},
+            "repeat": i,
+        }
+        for i, us in enumerate([30.0, 10.0, 20.0])
+    ]
+    (cell,) = aggregate(records)
+    assert cell["median_us"] == 20.0 and cell["spread_us"] == [10.0, 30.0]
+    assert cell["kv_gbps"] == pytest.approx(524288 / 20e-6 / 1e9)
+    assert len(cell["processes"]) == 3
+
+
+def test_attention_cli_end_to_end(tmp_path: Path, capsys) -> None:
+    output = tmp_path / "attention.json"
+    status = attention.main(
+        [
+            "--device",
+            "cpu",
+            "--batches",
+            "2",
+            "--contexts",
+            "48",
+            "--page-sizes",
+            "16",
+            "--prefill",
+            "32",
+            "--heads-q",
+            "4",
+            "--heads-kv",
+            "2",
+            "--head-dim",
+            "64",
+            "--repeats",
+            "2",
+            "--warmup",
+            "0",
+            "--iterations",
+            "2",
+            "--write-context",
+            "48",
+            "--cache-mb",
+            "1",
+            "--json-output",
+            str(output),
+        ]
+    )
+    assert status == 0, capsys.readouterr().err
+    document = json.loads(output.read_text())
+    assert document["complete"] and document["provenance"]["mlx_version"] == mx.__version__
+    assert document["provenance"]["command"]
+    orders = [[p["path"] for p in document["processes"] if p["repeat"] == r] for r in (0, 1)]
+    assert orders[1] == orders[0][::-1] == ["write", "sdpa", "paged", "dense"]
+    by_path: dict[str, int] = {}
+    for cell in document["cells"]:
+        assert cell["status"] == "ok", cell
+        assert len(cell["processes"]) == 2 and all(
+            len(p["samples_us"]) == 2 for p in cell["processes"]
+        )
+        assert cell["median_us"] == statistics.median(p["median_us"] for p in cell["processes"])
+        by_path[cell["path"]] = by_path.get(cell["path"], 0) + 1
+    assert by_path == {
+        "dense": 2,
+        "gather": 2,
+        "paged": 2,
+        "sdpa": 2,
+        "write": 1,
+        "write_functional": 1,
+    }
+    pngs = plot.plot_files([output], tmp_path / "plots")
+    assert {p.name for p in pngs} == {
+        "attention-decode-latency.png",
+        "attention-decode-bandwidth.png",
+        "attention-prefill.png",
+        "attention-write-kv.png",
+    }
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in pngs)
+
+
+@pytest.fixture
+def keep_structlog_config():
+    """admission_sweep.main configures structlog (as a command does); undo it afterwards."""
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
+
+
+def test_admission_sweep_and_serving_plots(tmp_path: Path, on_cpu, keep_structlog_config) -> None:
+    output = tmp_path / "admission.json"
+    status = admission_sweep.main(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            "synthetic:qwen3-tiny",
+            "--num-seqs",
+            "4",
+            "--min-input-len",
+            "16",
+            "--max-input-len",
+            "40",
+            "--min-output-len",
+            "2",
+            "--max-output-len",
+            "6",
+            "--budgets",
+            "1",
+            "2",
+            "--json-output",
+            str(output),
+        ]
+    )
+    assert status == 0
+    document = json.loads(output.read_text())
+    rows = document["rows"]
+    assert [(r["variant"], r["policy"]) for r in rows[:3]] == [
+        ("paged", "reserve"),
+        ("paged", "optimistic"),
+        ("dense", "reserve-max-length"),
+    ]
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    model, _ = load_model("synthetic:qwen3-tiny", kernel_backend="reference")
+    trace = Trace(**document["trace"])
+    for row in rows:
+        assert row["result"]["num_requests"] == 4 and row["peak_decode_rows"] >= 1
+        if row["variant"] == "dense":
+            assert row["max_batch_size"] == dense_slots(row["budget_bytes"], trace, model)
+    assert document["model"]["kv_bytes_per_token"] == token_bytes(model)
+    serving = tmp_path / "serving.json"
+    serving.write_text(
+        json.dumps(
+            {
+                "trace": document["trace"],
+                "context": {"model": "tiny"},
+                "results": [rows[0]["result"]],
+            }
+        )
+    )
+    pngs = plot.plot_files([output, serving], tmp_path / "plots")
+    assert [p.name for p in pngs] == ["admission-admission.png", "serving-serving.png"]
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in pngs)
