@@ -25,6 +25,11 @@ from qwen3model.serving import Trace
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _small_shape(batch: int) -> Shape:
+    """Context 40 over pages of 16: the last page of every row has 8 unused slots."""
+    return Shape(batch=batch, context=40, page_size=16, heads_q=4, heads_kv=2, head_dim=64)
+
+
 def test_shape_floors_match_the_design_notes() -> None:
     for batch, context in [(1, 128), (8, 1024), (32, 32768)]:
         shape = Shape(batch=batch, context=context, page_size=16)
@@ -80,7 +85,7 @@ def test_plan_rotates_past_the_cache_within_the_budget() -> None:
 
 
 def test_gate_rejects_wrong_and_nan_outputs(on_cpu) -> None:
-    shape = Shape(batch=2, context=40, page_size=16, heads_q=4, heads_kv=2, head_dim=64)
+    shape = _small_shape(batch=2)
     inputs = make_paged_inputs(shape, seed=3)
     expected = attention_call("paged", get_backend("reference"), shape)(inputs)
     assert check_gate(expected, expected, shape.dtype)["ok"]
@@ -90,7 +95,7 @@ def test_gate_rejects_wrong_and_nan_outputs(on_cpu) -> None:
 
 
 def test_inputs_shuffle_pages_and_poison_every_slot_no_row_reads(on_cpu) -> None:
-    shape = Shape(batch=3, context=40, page_size=16, heads_q=4, heads_kv=2, head_dim=64)
+    shape = _small_shape(batch=3)
     inputs = make_paged_inputs(shape, seed=5)
     table = inputs.block_table.tolist()
     flat = [page for row in table for page in row]
