@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -108,8 +109,20 @@ def _run(probe: ConcurrencyProbe, variant: str, trace, requests, **engine) -> di
     }
 
 
-def run_sweep(model, trace, requests, budgets: list[int], *, max_batch_size: int) -> list[dict]:
+def run_sweep(
+    model,
+    trace,
+    requests,
+    budgets: list[int],
+    *,
+    max_batch_size: int,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
+) -> list[dict]:
     """Serves `requests` at every budget (pages): paged x {reserve, optimistic}, then dense.
+
+    Args:
+        on_row: Called with all rows so far after each run (the command writes its JSON there,
+            so a sweep cut short keeps what it measured).
 
     Returns:
         One row per (budget, variant, policy) with the concurrency limit, the probe's decode
@@ -118,13 +131,23 @@ def run_sweep(model, trace, requests, budgets: list[int], *, max_batch_size: int
     page_bytes = trace.page_size * token_bytes(model)
     longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
     probe = ConcurrencyProbe(model)
-    rows = []
+    rows: list[dict] = []
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(
+            f"budget {row['budget_pages']} pages: {row['variant']}/{row['policy']} "
+            f"x{row['max_batch_size']}: {row['status']}",
+            file=sys.stderr,
+        )
+        on_row(rows)
+
     for pages in budgets:
         common = {"budget_pages": pages, "budget_bytes": pages * page_bytes}
         paged_trace = dataclasses.replace(trace, batch_size=max_batch_size)
         for policy in ("reserve", "optimistic"):
             run = _run(probe, "paged", paged_trace, requests, admission=policy, num_pages=pages)
-            rows.append(
+            add(
                 {
                     **common,
                     "variant": "paged",
@@ -133,22 +156,23 @@ def run_sweep(model, trace, requests, budgets: list[int], *, max_batch_size: int
                     **run,
                 }
             )
-            print(f"budget {pages} pages: paged/{policy} {run['status']}", file=sys.stderr)
         slots = min(dense_slots(pages * page_bytes, trace, model), max_batch_size)
-        row = {
+        dense = {
             **common,
             "variant": "dense",
             "policy": "reserve-max-length",
             "max_batch_size": slots,
         }
         if slots == 0:
-            rows.append({**row, "status": "does_not_fit"})
+            add({**dense, "status": "does_not_fit"})
             continue
         dense_trace = dataclasses.replace(trace, batch_size=slots)
-        rows.append(
-            {**row, **_run(probe, "dense", dense_trace, requests, num_pages=slots * longest_pages)}
+        add(
+            {
+                **dense,
+                **_run(probe, "dense", dense_trace, requests, num_pages=slots * longest_pages),
+            }
         )
-        print(f"budget {pages} pages: dense x{slots} {rows[-1]['status']}", file=sys.stderr)
     return rows
 
 
@@ -177,6 +201,28 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=("quiet", "console", "json"), default="quiet")
     parser.add_argument("--json-output", type=Path)
     return parser
+
+
+def _document(args, model, trace, budgets: list[int], rows: list[dict], seconds: float) -> dict:
+    return {
+        "schema": SCHEMA,
+        "kind": "admission_sweep",
+        "provenance": collect_provenance(args.device),
+        "model": {
+            "source": args.model,
+            "dtype": str(model.dtype),
+            "kernel_backend": args.kernel_backend,
+            "kv_bytes_per_token": token_bytes(model),
+        },
+        "trace": dataclasses.asdict(trace),
+        "budgets_pages": budgets,
+        "dense_rule": (
+            "slots = budget_bytes // ((max_input_len + max_output_len) * kv_bytes_per_token)"
+        ),
+        "sweep_seconds": seconds,
+        "complete": len(rows) == 3 * len(budgets),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,29 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     for variant in ("paged", "dense"):  # compile kernels and grow allocators outside the sweep
         run_variant(model, variant, warm_trace, warm)
     start = time.perf_counter()
-    rows = run_sweep(
-        model, trace, requests, budgets, max_batch_size=args.max_batch_size or trace.num_seqs
-    )
-    document = {
-        "schema": SCHEMA,
-        "kind": "admission_sweep",
-        "provenance": collect_provenance(args.device),
-        "model": {
-            "source": args.model,
-            "dtype": str(model.dtype),
-            "kernel_backend": args.kernel_backend,
-            "kv_bytes_per_token": token_bytes(model),
-        },
-        "trace": dataclasses.asdict(trace),
-        "dense_rule": (
-            "slots = budget_bytes // ((max_input_len + max_output_len) * kv_bytes_per_token)"
-        ),
-        "sweep_seconds": time.perf_counter() - start,
-        "rows": rows,
-    }
-    if args.json_output:
-        args.json_output.parent.mkdir(parents=True, exist_ok=True)
-        args.json_output.write_text(json.dumps(document, indent=1))
+
+    def write(rows: list[dict]) -> None:
+        if args.json_output:
+            document = _document(args, model, trace, budgets, rows, time.perf_counter() - start)
+            args.json_output.parent.mkdir(parents=True, exist_ok=True)
+            args.json_output.write_text(json.dumps(document, indent=1))
+
+    max_batch_size = args.max_batch_size or trace.num_seqs
+    rows = run_sweep(model, trace, requests, budgets, max_batch_size=max_batch_size, on_row=write)
     print(format_rows(rows))
     return 0 if all(r["status"] != "failed" for r in rows) else 1
 
