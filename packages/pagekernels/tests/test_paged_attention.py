@@ -5,6 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagekernels import dense_attention, paged_attention, reference
 
@@ -120,3 +122,30 @@ def test_works_under_compile(device, make_paged, assert_close):
 
     out = twice(*case.args()[:-1])
     assert_close(out, 2 * reference.paged_attention(*case.args(), mask="causal"))
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_random_shapes_match_reference(device, make_paged, assert_close, data):
+    """Fresh random shapes, page layouts, masks and dtypes on both schedules."""
+    query_len = data.draw(st.sampled_from([1, 2, 5, 8, 9, 17, 40]), label="L")
+    contexts = data.draw(
+        st.lists(st.just(0) | st.integers(query_len, query_len + 300), min_size=1, max_size=3),
+        label="contexts",
+    )
+    hkv = data.draw(st.sampled_from([1, 2]), label="Hkv")
+    case = make_paged(
+        contexts=contexts,
+        num_q_heads=hkv * data.draw(st.sampled_from([1, 2, 4, 8]), label="G"),
+        num_kv_heads=hkv,
+        query_len=query_len,
+        head_dim=data.draw(st.sampled_from([32, 64, 80, 128]), label="D"),
+        page_size=data.draw(st.sampled_from([1, 2, 4, 16, 32, 128]), label="page_size"),
+        dtype=data.draw(st.sampled_from([mx.float32, mx.float16, mx.bfloat16]), label="dtype"),
+        seed=data.draw(st.integers(0, 2**32 - 1), label="seed"),
+    )
+    mask = data.draw(st.sampled_from([None, "causal"]), label="mask")
+    out = paged_attention(*case.args(), mask=mask, stream=device)
+    assert_close(out, reference.paged_attention(*case.args(), mask=mask))

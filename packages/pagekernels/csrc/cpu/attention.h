@@ -23,6 +23,15 @@
 
 namespace pagekernels::cpu {
 
+// The build sets no -march (wheels must run on any x86-64), so on x86-64 Linux the hot function
+// is also compiled for x86-64-v3 (AVX2 + FMA) and picked at load time when the CPU has it
+// (about 1.5x faster than SSE2 on decode; measured in README.md).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define PK_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PK_CPU_CLONES
+#endif
+
 constexpr int kKeyTile = 32;  // a multiple of 4 (dot4/axpy4)
 constexpr int kDecodeMaxQueryLen = 8;
 constexpr int kPrefillRows = 32;
@@ -178,7 +187,7 @@ inline const float* const* group_of_four(const float* const* rows, int j, int en
 // Attention for query rows [row_begin, row_end) of (b, h); row r is query head h*G + r % G at
 // position r / G. Writes the normalised rows to out (zeros for rows that see no key).
 template <int kD, typename T, typename Keys>
-void attend_block(const AttentionShape& p, const Keys& keys, const T* q, T* out, int b, int h,
+PK_CPU_CLONES void attend_block(const AttentionShape& p, const Keys& keys, const T* q, T* out, int b, int h,
                   int row_begin, int row_end, AttentionScratch& s) {
   const int d = dim<kD>(p.head_dim);
   const int group = p.num_q_heads / p.num_kv_heads;
