@@ -107,18 +107,19 @@ def _attention_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list
 
     copies = [prepare(first)]
     call = attention_call(cfg.path, backend, shape)
-    gate = check_gate(call(copies[0]), expected, shape.dtype)
-    labels = [cfg.path]
+    gates = {cfg.path: check_gate(call(copies[0]), expected, shape.dtype)}
     if cfg.path == "dense":
-        gathered = attention_call("gather", backend, shape)(first)
-        reference_gathered = attention_call("gather", reference, shape)(first)
-        gather_gate = [
-            check_gate(a, b, shape.dtype) for a, b in zip(gathered, reference_gathered, strict=True)
-        ]
-        labels.append("gather")
+        ours = attention_call("gather", backend, shape)(first)
+        theirs = attention_call("gather", reference, shape)(first)
+        checks = [check_gate(a, b, shape.dtype) for a, b in zip(ours, theirs, strict=True)]
+        gates["gather"] = {
+            "ok": all(c["ok"] for c in checks),
+            "keys": checks[0],
+            "values": checks[1],
+        }
     del expected
-    if not gate["ok"] or (cfg.path == "dense" and not all(g["ok"] for g in gather_gate)):
-        return [{"path": label, "status": "gate_failed", "gate": gate} for label in labels]
+    if not all(g["ok"] for g in gates.values()):
+        return [{"path": p, "status": "gate_failed", "gate": g} for p, g in gates.items()]
     copies += [prepare(derive_copy(first, i)) for i in range(1, plan.copies)]
     del first  # the sdpa path keeps only gathered copies
 
@@ -126,9 +127,9 @@ def _attention_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list
         moved = bytes_moved(label, shape, pool_bytes=pool_bytes)
         return _timed(label, lambda i: run(copies[i % plan.copies]), plan, cfg, moved, gate=gate)
 
-    results = [timed(cfg.path, call, gate)]
+    results = [timed(cfg.path, call, gates[cfg.path])]
     if cfg.path == "dense":
-        results.append(timed("gather", attention_call("gather", backend, shape), gather_gate[0]))
+        results.append(timed("gather", attention_call("gather", backend, shape), gates["gather"]))
     return results
 
 

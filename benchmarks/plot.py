@@ -244,9 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path, help="results JSON files")
     parser.add_argument("--output-dir", type=Path, default=Path("plots"))
     args = parser.parse_args(argv)
-    for png in plot_files(args.results, args.output_dir):
+    missing = [path for path in args.results if not path.is_file()]
+    for path in missing:
+        print(f"plot.py: no results file at {path}; skipped", file=sys.stderr)
+    present = [path for path in args.results if path.is_file()]
+    for png in plot_files(present, args.output_dir):
         print(png)
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import admission_sweep
 import attention
+import attention_worker
 import mlx.core as mx
 import plot
 import pytest
@@ -257,3 +259,30 @@ def test_admission_sweep_and_serving_plots(tmp_path: Path, on_cpu, keep_structlo
     pngs = plot.plot_files([output, serving], tmp_path / "plots")
     assert [p.name for p in pngs] == ["admission-admission.png", "serving-serving.png"]
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in pngs)
+
+
+@pytest.mark.parametrize("path", ["paged", "dense"])
+def test_a_wrong_kernel_fails_the_gate_and_is_not_timed(path: str, on_cpu) -> None:
+    reference = get_backend("reference")
+    off_by_ten_percent = SimpleNamespace(
+        paged_attention=lambda *a, **k: reference.paged_attention(*a, **k) * 1.1,
+        dense_attention=lambda *a, **k: reference.dense_attention(*a, **k) * 1.1,
+        gather_kv=reference.gather_kv,
+    )
+    cfg = attention_worker.WorkerConfig(
+        path=path,
+        cells=(),
+        device="cpu",
+        backend="-",
+        reference="reference",
+        seed=0,
+        warmup=0,
+        iterations=1,
+        max_calls=1,
+        memory_budget=10**8,
+        cache_bytes=10**6,
+        reuse_factor=1,
+    )
+    results = attention_worker._attention_cell(_small_shape(2), cfg, off_by_ten_percent, reference)
+    assert results[0]["path"] == path and results[0]["status"] == "gate_failed"
+    assert not results[0]["gate"]["ok"] and "samples_us" not in results[0]
