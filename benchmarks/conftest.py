@@ -1,18 +1,10 @@
-"""The benchmark scripts import each other as top-level modules (they run as
-`python benchmarks/<tool>.py`); pytest's importlib mode does not put this folder on sys.path, so
-the gates' conftest does."""
+"""Fixtures for the benchmark gates. The benchmark scripts import each other as top-level modules
+(they run as `python benchmarks/<tool>.py`); the root pytest config puts this folder on sys.path."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import mlx.core as mx
 import pytest
-
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
 
 @pytest.fixture

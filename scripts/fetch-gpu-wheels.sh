@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 grep -qxF /.whl/ .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 -d .whl \
-  structlog==26.1.0 nanobind==3.1.0 scikit_build_core==1.1.2
+  structlog==26.1.0 nanobind==3.1.0 scikit_build_core==1.1.2 mlx-lm==0.32.2
 ls -la .whl
