@@ -1,7 +1,7 @@
 """pagekernels: paged-attention kernels for MLX (C++/CUDA custom primitives), their readable
 `mlx.core` references, and the `KernelBackend` registry."""
 
-from importlib.metadata import version as _version  # noqa: E402
+from importlib.metadata import PackageNotFoundError, version
 
 import mlx.core  # noqa: F401  (first: registers mx.array with nanobind before _ext loads)
 
@@ -16,7 +16,10 @@ from pagekernels.native import (  # noqa: E402
 )
 from pagekernels.validation import validate_paged_metadata  # noqa: E402
 
-__version__ = _version("pagekernels")
+try:
+    __version__ = version("pagekernels")
+except PackageNotFoundError:  # a source tree on sys.path with a hand-built _ext (no metadata)
+    __version__ = "0+source"
 
 __all__ = [
     "KernelBackend",
