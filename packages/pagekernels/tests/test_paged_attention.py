@@ -69,6 +69,17 @@ def test_empty_rows_give_zeros(device, make_paged, assert_close, poison_allocato
     assert (np.abs(out_np[[1, 3]]).max(axis=-1) > 0).all()
 
 
+@pytest.mark.parametrize("D", [1, 33, 250], ids=lambda d: f"D{d}")
+def test_any_head_dim_on_cpu(make_paged, assert_close, D):
+    """The CPU kernels take any D (the GPU kernels: multiples of 8 up to 256)."""
+    case = make_paged(
+        contexts=[21, 9], num_q_heads=4, num_kv_heads=2, query_len=3, head_dim=D, page_size=4,
+        dtype=mx.bfloat16,
+    )  # fmt: skip
+    out = paged_attention(*case.args(), mask="causal", stream=mx.cpu)
+    assert_close(out, reference.paged_attention(*case.args(), mask="causal"))
+
+
 def test_scale_is_applied(device, make_paged, assert_close):
     case = make_paged(
         contexts=[37, 12], num_q_heads=4, num_kv_heads=2, query_len=1, head_dim=64, page_size=8

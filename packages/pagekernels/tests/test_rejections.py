@@ -109,6 +109,20 @@ PAGED_CASES = [
 ]
 
 
+# Shapes only the GPU kernels refuse; generated where MLX has a GPU (the H200 runs this suite).
+GPU_HEAD_DIM = (
+    r"head dim D=\d+ is not supported by the GPU kernels; expected a multiple of 8 up to 256"
+)
+if mx.cuda.is_available():
+    PAGED_CASES += [
+        pytest.param(
+            {"queries": mx.zeros((2, 4, 1, 36)), "key_pages": mx.zeros((5, 2, 4, 36)),
+             "value_pages": mx.zeros((5, 2, 4, 36)), "stream": mx.gpu},
+            GPU_HEAD_DIM, id="gpu-head-dim-36",
+        ),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(("change", "match"), PAGED_CASES)
 def test_paged_attention_rejects(change, match):
     with pytest.raises(ValueError, match=r"^\[paged_attention\] " + match):
@@ -188,6 +202,16 @@ DENSE_CASES = [
         {"mask": "lower"}, r'mask must be None or "causal", got "lower"', id="mask-string"
     ),
 ]
+
+
+if mx.cuda.is_available():
+    DENSE_CASES += [
+        pytest.param(
+            {"queries": mx.zeros((2, 4, 3, 264)), "keys": mx.zeros((2, 2, 10, 264)),
+             "values": mx.zeros((2, 2, 10, 264)), "stream": mx.gpu},
+            GPU_HEAD_DIM, id="gpu-head-dim-264",
+        ),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("change", "match"), DENSE_CASES)

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/gpu_limits.h"
 #include "mlx/ops.h"
 #include "mlx/utils.h"
 
@@ -107,6 +108,14 @@ inline void check_paged_kv(std::string_view op, const mx::array& key_pages,
         "key_pages.shape[2]=" + std::to_string(key_pages.shape(2)) +
             " (slots per page) must equal page_size=" + std::to_string(page_size));
   check_dim(op, block_table, 0, "block_table", context_lens, 0, "context_lens");
+}
+
+// The CUDA attention kernels' head dims (kernels/gpu_limits.h), checked for GPU streams only.
+inline void check_gpu_head_dim(std::string_view op, const mx::Stream& stream, int head_dim) {
+  check(stream.device.type != mx::Device::gpu || gpu_supports_head_dim(head_dim), op,
+        "head dim D=" + std::to_string(head_dim) +
+            " is not supported by the GPU kernels; expected a multiple of 8 up to " +
+            std::to_string(kGpuMaxHeadDim) + " (the CPU kernels take any D)");
 }
 
 // mask: nullopt -> no mask, "causal" -> causal; anything else is rejected.

@@ -34,6 +34,7 @@ mx::array dense_attention(const mx::array& queries, const mx::array& keys,
   float resolved_scale = resolve_scale(kOp, scale, queries.shape(3));
 
   auto stream = mx::to_stream(s);
+  check_gpu_head_dim(kOp, stream, queries.shape(3));
   // The primitive always takes key_lens, so one kernel serves both cases.
   auto lens = key_lens ? *key_lens : mx::full({queries.shape(0)}, keys.shape(2), mx::int32, stream);
   return mx::array(queries.shape(), queries.dtype(),

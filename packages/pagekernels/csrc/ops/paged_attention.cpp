@@ -28,6 +28,7 @@ mx::array paged_attention(const mx::array& queries, const mx::array& key_pages,
   float resolved_scale = resolve_scale(kOp, scale, queries.shape(3));
 
   auto stream = mx::to_stream(s);
+  check_gpu_head_dim(kOp, stream, queries.shape(3));
   return mx::array(
       queries.shape(), queries.dtype(),
       std::make_shared<PagedAttention>(stream, resolved_scale, causal),

@@ -1,0 +1,14 @@
+// Shapes the CUDA attention kernels take. The op functions check them for GPU streams, so a bad
+// head dim fails at the op boundary (ValueError), not at eval time; the CPU kernels take any D.
+#pragma once
+
+namespace pagekernels {
+
+constexpr int kGpuMaxHeadDim = 256;
+
+// 16-byte vector loads of K/V rows: D a multiple of 8 (bf16/f16) up to kGpuMaxHeadDim.
+constexpr bool gpu_supports_head_dim(int head_dim) {
+  return head_dim > 0 && head_dim % 8 == 0 && head_dim <= kGpuMaxHeadDim;
+}
+
+}  // namespace pagekernels
