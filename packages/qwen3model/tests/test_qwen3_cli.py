@@ -91,8 +91,10 @@ def test_generate_streams_deterministic_text(capsys) -> None:
     assert first == second and first.endswith("\n") and len(first) > 1
 
 
-@pytest.mark.parametrize("flag", ["--disable-paged-attention", "--dense-baseline"])
-def test_ablations_generate_the_same_greedy_text(capsys, flag: str) -> None:
+@pytest.mark.parametrize(
+    "flag", ["--disable-paged-attention", "--dense-baseline", "--compile-decode"]
+)
+def test_ablations_and_compile_keep_the_greedy_text(capsys, flag: str) -> None:
     argv = ["generate", *TINY, "--max-tokens", "16", "--ignore-eos", "Paged or not"]
     _, paged, _ = run(capsys, *argv)
     status, ablation, _ = run(capsys, *argv, flag)

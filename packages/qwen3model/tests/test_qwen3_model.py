@@ -124,3 +124,35 @@ def test_max_seq_len_is_bounded_by_the_config(backend) -> None:
     assert model.max_seq_len == 100
     with pytest.raises(ValueError, match="max_seq_len"):
         build_synthetic("qwen3-tiny", backend=backend, max_seq_len=10_000)
+
+
+def test_compiled_decode_equals_eager(backend) -> None:
+    eager, _ = build_synthetic("qwen3-tiny", backend=backend)
+    compiled, _ = build_synthetic("qwen3-tiny", backend=backend)
+    compiled.compile_decode = True
+    runs = []
+    for model in (eager, compiled):
+        pool = PagePool(4, 32)
+        kv = model.make_kv_storage(pool, fill_value=float("nan"))
+        rows = [PageList(pool) for _ in range(3)]
+        logits = []
+        for b, row in enumerate(rows):
+            prompt = PROMPT[: 5 + 4 * b]
+            row.append(len(prompt))
+            model.step(mx.array([prompt]), BatchMetadata.build([row], query_len=len(prompt)), kv)
+        for step, (batch, width) in enumerate([(2, 4), (2, 4), (3, 8), (3, 8), (3, 8)]):
+            live = rows[:batch] + [None] * (4 - batch if batch > 2 else 0)
+            for row in rows[:batch]:
+                row.append(1)
+            metadata = BatchMetadata.build(live, query_len=1, max_pages=width)
+            tokens = mx.array([[step + b] for b in range(len(live))], dtype=mx.int32)
+            logits.append(model.step(tokens, metadata, kv))
+            mx.eval(logits[-1], kv.keys, kv.values)
+        runs.append((logits, kv))
+    (eager_logits, eager_kv), (compiled_logits, compiled_kv) = runs
+    for a, b in zip(eager_logits, compiled_logits, strict=True):
+        assert mx.array_equal(a, b).item()
+    eager_pages = eager_kv.keys + eager_kv.values
+    for a, b in zip(eager_pages, compiled_kv.keys + compiled_kv.values, strict=True):
+        assert mx.array_equal(a, b, equal_nan=True).item()
+    assert list(compiled._compiled_decode._functions) == [4]  # the compiled path ran

@@ -63,6 +63,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     engine.add_argument("--batch-size", type=int, default=None, help="most requests at once")
     engine.add_argument("--prefill-step", type=int, default=None, help="prefill chunk in tokens")
     engine.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="run paged decode steps through mx.compile (one trace per batch/width bucket)",
+    )
+    engine.add_argument(
         "--admission",
         choices=["reserve", "optimistic"],
         default="reserve",

@@ -99,6 +99,7 @@ def _load(args: argparse.Namespace, mode: AttentionMode) -> tuple[Qwen3Model, To
             seed=args.weights_seed,
             on_progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
+    model.compile_decode = getattr(args, "compile_decode", False)
     log.info(
         "model_loaded",
         source=source,

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from pagepool import BatchMetadata, KVStorage, PagePool
 from qwen3model.attention import AttentionMode, StepAttention
+from qwen3model.compiled import CompiledDecode
 from qwen3model.config import ModelArgs, QuantizationArgs
 from qwen3model.dense_baseline import DenseKVStore, DenseStepAttention
 from qwen3model.layers import Qwen3Backbone
@@ -34,10 +35,13 @@ class Qwen3Model(nn.Module):
         attention_mode: `PAGED` (serving path), `GATHER` or `DENSE` (baselines).
         max_seq_len: Longest request (prompt + output) to serve; defaults to
             `args.max_position_embeddings`.
+        compile_decode: Run paged decode steps (`L = 1`) through `mx.compile`, one trace per
+            batch-size bucket and block-table width (see `CompiledDecode`).
 
     Attributes:
         attention_mode: The attention path; may be reassigned between engines (the storage
             an engine makes must match the mode it then runs with).
+        compile_decode: Whether paged decode steps run compiled; may be reassigned.
         copied_bytes: K/V bytes copied outside the attention kernel so far (gathers or repacks;
             0 on the paged path).
     """
@@ -49,6 +53,7 @@ class Qwen3Model(nn.Module):
         backend: KernelBackend,
         attention_mode: AttentionMode = AttentionMode.PAGED,
         max_seq_len: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         super().__init__()
         self.args = args
@@ -65,6 +70,8 @@ class Qwen3Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.copied_bytes = 0
+        self.compile_decode = compile_decode
+        self._compiled_decode = CompiledDecode(self)
 
     @property
     def max_seq_len(self) -> int:
@@ -116,6 +123,8 @@ class Qwen3Model(nn.Module):
                 f"tokens has shape {tuple(tokens.shape)}, expected ({B}, {L}) [B, L] from metadata"
             )
         attention = self._step_attention(metadata, kv)
+        if self.compile_decode and L == 1 and self.attention_mode is AttentionMode.PAGED:
+            return self._compiled_decode(tokens, metadata, kv)
         offsets = metadata.positions.reshape(B, L)[:, 0]
         hidden = self.model(tokens, offsets, attention)
         self.copied_bytes += attention.copied_bytes

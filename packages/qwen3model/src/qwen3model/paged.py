@@ -3,16 +3,35 @@ path) and `GatherStepAttention` (write_kv + gather_kv + dense_attention, the abl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
-
-from pagepool import BatchMetadata, KVStorage
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
 
-__all__ = ["GatherStepAttention", "PagedStepAttention"]
+__all__ = ["GatherStepAttention", "PageArrays", "PagedStepAttention", "StepPages"]
+
+
+class PageArrays(Protocol):
+    """Per-layer K/V page arrays (`pagepool.KVStorage`, or a stand-in inside `mx.compile`)."""
+
+    @property
+    def keys(self) -> tuple[mx.array, ...] | list[mx.array]: ...
+
+    @property
+    def values(self) -> tuple[mx.array, ...] | list[mx.array]: ...
+
+    def update_layer(self, layer: int, keys: mx.array, values: mx.array) -> None: ...
+
+
+class StepPages(Protocol):
+    """The step's page tables (`pagepool.BatchMetadata`, or a stand-in inside `mx.compile`)."""
+
+    block_table: mx.array
+    context_lens: mx.array
+    slot_mapping: mx.array
+    page_size: int
 
 
 class PagedStepAttention:
@@ -29,7 +48,7 @@ class PagedStepAttention:
     """
 
     def __init__(
-        self, backend: KernelBackend, kv: KVStorage, metadata: BatchMetadata, scale: float
+        self, backend: KernelBackend, kv: PageArrays, metadata: StepPages, scale: float
     ) -> None:
         self.backend = backend
         self.kv = kv

@@ -45,15 +45,16 @@ SYNTHETIC_CONFIGS: dict[str, ModelArgs] = {
         intermediate_size=9728,
         vocab_size=_QWEN3_VOCAB,
     ),
-    # A few layers with Qwen3's head_dim and vocabulary: the serve-bench default on CPU.
+    # The serve-bench default on CPU: Qwen3's head_dim (the kernels' specialised path) in a few
+    # layers, and the byte vocabulary so the LM head does not dwarf attention.
     "qwen3-small": ModelArgs(
-        hidden_size=256,
+        hidden_size=512,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=128,
-        intermediate_size=768,
-        vocab_size=_QWEN3_VOCAB,
+        intermediate_size=1536,
+        vocab_size=_BYTE_VOCAB,
     ),
     # For tests: every id is a byte-tokenizer id.
     "qwen3-tiny": ModelArgs(
