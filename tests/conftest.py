@@ -87,9 +87,10 @@ def backend() -> KernelBackend:
 
 
 @pytest.fixture(scope="session")
-def make_tiny(backend: KernelBackend) -> Callable[[str], Qwen3Model]:
-    """`make_tiny(mode)`: a fresh float32 `synthetic:qwen3-tiny` (seed 0) on path `mode`."""
-    return lambda mode="paged": tiny_model(backend, mode)
+def make_tiny() -> Callable[..., Qwen3Model]:
+    """`make_tiny(mode="paged", kernels="native")`: a fresh float32 `synthetic:qwen3-tiny`
+    (seed 0) on attention path `mode` with the named kernel backend."""
+    return lambda mode="paged", kernels="native": tiny_model(get_backend(kernels), mode)
 
 
 @pytest.fixture(scope="session")
