@@ -18,6 +18,7 @@
 
 #include "cpu/float_types.h"
 #include "cpu/parallel.h"
+#include "cpu/vector_math.h"
 #include "kernels/online_softmax.h"
 #include "kernels/paged_kv.h"
 
@@ -93,44 +94,6 @@ struct DenseKeys {
     }
   }
 };
-
-// Head dims 64 and 128 get compile-time loop bounds; kD == 0 is the generic runtime-D path.
-template <int kD>
-inline int dim(int runtime_dim) {
-  return kD > 0 ? kD : runtime_dim;
-}
-
-// q . k with independent partial sums, so the compiler vectorises it without reassociating
-// (no -ffast-math).
-template <int kD>
-inline float dot(const float* q, const float* k, int runtime_dim) {
-  constexpr int kLanes = 16;
-  const int n = dim<kD>(runtime_dim);
-  float partial[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int w = 0; w < kLanes; ++w) partial[w] += q[i + w] * k[i + w];
-  }
-  float sum = 0.0f;
-  for (int w = 0; w < kLanes; ++w) sum += partial[w];
-  for (; i < n; ++i) sum += q[i] * k[i];
-  return sum;
-}
-
-// Scores of one query row against four key rows.
-template <int kD>
-inline void dot4(const float* q, const float* const* k, int runtime_dim, float* scores) {
-  for (int c = 0; c < 4; ++c) scores[c] = dot<kD>(q, k[c], runtime_dim);
-}
-
-// acc += sum_j weights[j] * v[j] over four value rows: one load/store of acc per four keys.
-template <int kD>
-inline void axpy4(float* acc, const float* weights, const float* const* v, int runtime_dim) {
-  const int n = dim<kD>(runtime_dim);
-  const float w0 = weights[0], w1 = weights[1], w2 = weights[2], w3 = weights[3];
-  const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];
-  for (int e = 0; e < n; ++e) acc[e] += (w0 * v0[e] + w1 * v1[e]) + (w2 * v2[e] + w3 * v3[e]);
-}
 
 struct AttentionScratch {
   std::vector<float> q;             // [rows, D] queries, pre-scaled by scale * log2(e)
@@ -248,10 +211,8 @@ PK_CPU_CLONES void attend_block(const AttentionShape& p, const Keys& keys, const
         }
       }
       const int visible4 = (visible + 3) & ~3;  // kKeyTile is a multiple of 4
-      for (int j = 0; j < visible4; ++j) {
-        s.weights[j] = j < visible && s.scores[j] != -INFINITY ? exp2f(s.scores[j] - st.m) : 0.0f;
-        st.d += s.weights[j];
-      }
+      exp2_weights(s.scores, st.m, visible, visible4, s.weights);
+      for (int j = 0; j < visible4; ++j) st.d += s.weights[j];
       for (int j = 0; j < visible; j += 4) {
         axpy4<kD>(acc, s.weights + j, group_of_four(v_f, j, visible, zero, padded), d);
       }
