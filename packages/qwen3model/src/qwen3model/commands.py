@@ -44,7 +44,7 @@ DEFAULT_CPU_MODEL = "synthetic:qwen3-small"
 # The seed's serving trace (GPU default) and a smaller one that takes about a minute on 2 cores.
 GPU_TRACE = Trace()
 CPU_TRACE = Trace(
-    num_seqs=8, min_input_len=64, max_input_len=256, min_output_len=16, max_output_len=48
+    num_seqs=12, min_input_len=96, max_input_len=768, min_output_len=24, max_output_len=96
 )
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_PAGE_SIZE = 16

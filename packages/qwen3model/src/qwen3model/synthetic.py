@@ -48,12 +48,12 @@ SYNTHETIC_CONFIGS: dict[str, ModelArgs] = {
     # The serve-bench default on CPU: Qwen3's head_dim (the kernels' specialised path) in a few
     # layers, and the byte vocabulary so the LM head does not dwarf attention.
     "qwen3-small": ModelArgs(
-        hidden_size=512,
+        hidden_size=256,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=128,
-        intermediate_size=1536,
+        intermediate_size=768,
         vocab_size=_BYTE_VOCAB,
     ),
     # For tests: every id is a byte-tokenizer id.
