@@ -6,6 +6,7 @@ Each handler takes the parsed arguments and returns an exit status; `cli` parses
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -52,6 +53,19 @@ DEFAULT_BATCH_SIZE = 4
 DEFAULT_PREFILL_STEP = 128
 
 
+# serve-bench flags that override the device's default trace when given.
+_TRACE_FLAGS = (
+    "num_seqs",
+    "min_input_len",
+    "max_input_len",
+    "min_output_len",
+    "max_output_len",
+    "batch_size",
+    "prefill_step",
+    "page_size",
+)
+
+
 class UsageError(Exception):
     """A bad command line, reported as one line with exit status 2."""
 
@@ -60,6 +74,7 @@ class UsageError(Exception):
 
 
 def select_device(device: str | None) -> None:
+    """Makes `device` ("cpu", "gpu", or None for MLX's default) the default device."""
     if device == "gpu" and not mx.is_available(mx.gpu):
         raise UsageError("qwen3model: error: --device gpu, but this MLX build has no GPU")
     if device is not None:
@@ -118,6 +133,7 @@ def _pages_for(batch_size: int, longest: int, page_size: int) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
+    """`qwen3model generate`: run the prompts through an engine, stream the text."""
     prompts = list(args.prompts)
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
@@ -133,7 +149,7 @@ def generate(args: argparse.Namespace) -> int:
     model, tokenizer = _load(args, mode)
     use_template = tokenizer.has_chat_template if args.chat_template is None else args.chat_template
     if use_template and not tokenizer.has_chat_template:
-        raise ValueError(f"--chat-template: {args.model} has no chat template")
+        raise ValueError("--chat-template: this model's tokenizer has no chat template")
     prompt_ids = [
         tokenizer.encode(_render(tokenizer, p, args.system, use_template)) for p in prompts
     ]
@@ -208,38 +224,24 @@ def _stream_outputs(
 
 
 def serve_bench(args: argparse.Namespace) -> int:
-    base = GPU_TRACE if _on_gpu() else CPU_TRACE
-    overrides = {
-        name: getattr(args, name)
-        for name in (
-            "num_seqs",
-            "min_input_len",
-            "max_input_len",
-            "min_output_len",
-            "max_output_len",
-        )
-        if getattr(args, name) is not None
-    }
-    trace = Trace(
-        **{**_trace_fields(base), **overrides},
-        batch_size=args.batch_size or base.batch_size,
-        prefill_step=args.prefill_step or base.prefill_step,
-        page_size=args.page_size or base.page_size,
-        seed=args.seed,
-    )
+    """`qwen3model serve-bench`: serve the trace once per variant, print the table."""
     if args.warmup < 0:
         raise UsageError("qwen3model serve-bench: error: --warmup must be >= 0 (see --help)")
+    overrides = {name: getattr(args, name) for name in _TRACE_FLAGS}
+    trace = dataclasses.replace(
+        GPU_TRACE if _on_gpu() else CPU_TRACE,
+        **{name: value for name, value in overrides.items() if value is not None},
+        seed=args.seed,
+    )
     model, _ = _load(args, AttentionMode(args.variants[0]))
     requests = make_requests(trace, model.args.vocab_size)
-    warmup_trace = Trace(
+    # Warm-up requests: the shortest prompt and 4 tokens, on a throw-away engine per variant.
+    warmup_trace = dataclasses.replace(
+        trace,
         num_seqs=max(args.warmup, 1),
-        batch_size=trace.batch_size,
-        min_input_len=trace.min_input_len,
         max_input_len=trace.min_input_len,
         min_output_len=4,
         max_output_len=4,
-        prefill_step=trace.prefill_step,
-        page_size=trace.page_size,
         seed=trace.seed + 1,
     )
     warmup = make_requests(warmup_trace, model.args.vocab_size)[: args.warmup]
@@ -284,15 +286,11 @@ def serve_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_fields(trace: Trace) -> dict[str, int]:
-    names = ("num_seqs", "min_input_len", "max_input_len", "min_output_len", "max_output_len")
-    return {name: getattr(trace, name) for name in names}
-
-
 # -- save-model -----------------------------------------------------------------------------
 
 
 def save_model(args: argparse.Namespace) -> int:
+    """`qwen3model save-model`: load (optionally quantize) and write a Hugging Face directory."""
     model, tokenizer = _load(args, AttentionMode.PAGED)
     if args.quantize_bits is not None:
         model.quantize(QuantizationArgs(group_size=args.group_size, bits=args.quantize_bits))
