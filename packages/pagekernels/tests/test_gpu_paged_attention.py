@@ -83,6 +83,9 @@ MATRIX = [
     ([100, 70], 6, 2, 64, 96, 16, False, mx.bfloat16),
     ([4097], 8, 2, 64, 128, 16, False, mx.bfloat16),
     ([17, 33, 64], 4, 2, 17, 64, 64, False, mx.float32),
+    # enough row blocks for the 128-row tensor-core tiles (>= 4 per SM on the H200)
+    ([600, 700, 650, 1000], 32, 8, 600, 128, 16, True, mx.bfloat16),
+    ([600, 601, 602, 900], 32, 8, 600, 64, 64, False, mx.float16),
 ]
 MATRIX_IDS = [
     f"B{len(c[0])}_ctx{max(c[0])}_gqa{c[1] // c[2]}_L{c[3]}_D{c[4]}_ps{c[5]}"
@@ -122,6 +125,7 @@ SPLIT_CASES = [
     ([4097, 1000, 15], 8, 2, 4, 128, 64, mx.float16),
     ([2000, 700], 8, 2, 3, 96, 16, mx.bfloat16),
     ([2000, 700], 4, 4, 1, 128, 1, mx.float32),
+    ([3000, 64], 8, 2, 2, 64, 16, mx.float16),
     ([4097, 600], 8, 2, 64, 128, 16, mx.bfloat16),
     ([1500, 80], 4, 2, 33, 64, 32, mx.float32),
 ]

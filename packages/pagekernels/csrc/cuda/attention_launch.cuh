@@ -68,20 +68,41 @@ KernelChoice<T, KV> simt_kernel(int head_dim, int rows) {
   return simt_choice_for_rows<T, 256, KV>(rows);
 }
 
-template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kStages, typename KV>
+template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kMTiles, int kStages,
+          typename KV>
 KernelChoice<T, KV> mma_choice() {
-  using C = MmaConfig<T, kHeadDim, kWarpsQ, kWarpsKV, kStages>;
-  return {&attention_mma_kernel<T, kHeadDim, kWarpsQ, kWarpsKV, kStages, KV>, C::kThreads,
-          C::kSmemBytes, C::kRows, C::kTile};
+  using C = MmaConfig<T, kHeadDim, kWarpsQ, kWarpsKV, kMTiles, kStages>;
+  return {&attention_mma_kernel<T, kHeadDim, kWarpsQ, kWarpsKV, kMTiles, kStages, KV>,
+          C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
+}
+
+enum class MmaLayout {
+  kDecode,       // 16 rows, 4 warps split the keys, 3-stage ring (~100 KB at D=128: 2 CTAs/SM)
+  kPrefill64,    // 64 rows, 4 warps x 16 rows, 2-stage ring (~82 KB: 2 CTAs/SM)
+  kPrefill128,   // 128 rows, 4 warps x 32 rows, 2-stage ring (~98 KB: 2 CTAs/SM)
+};
+
+template <typename T, int kHeadDim, typename KV>
+KernelChoice<T, KV> mma_choice_for(MmaLayout layout) {
+  switch (layout) {
+    case MmaLayout::kDecode:
+      return mma_choice<T, kHeadDim, 1, 4, 1, 3, KV>();
+    case MmaLayout::kPrefill64:
+      return mma_choice<T, kHeadDim, 4, 1, 1, 2, KV>();
+    default:
+      return mma_choice<T, kHeadDim, 4, 1, 2, 2, KV>();
+  }
 }
 
 template <typename T, typename KV>
-KernelChoice<T, KV> mma_kernel(int head_dim, bool decode) {
-  if (decode) {  // 16 rows, 4 warps split the keys, 3-stage ring (~100 KB: 2 CTAs/SM)
-    return head_dim == 64 ? mma_choice<T, 64, 1, 4, 3, KV>() : mma_choice<T, 128, 1, 4, 3, KV>();
-  }
-  // 64 rows, 4 warps split the rows, 2-stage ring (~80 KB: 2 CTAs/SM)
-  return head_dim == 64 ? mma_choice<T, 64, 4, 1, 2, KV>() : mma_choice<T, 128, 4, 1, 2, KV>();
+KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
+  return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
+}
+
+// 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
+// rows at L = 1024 and 4096 on the H200); 64-row tiles waste less on short chunks.
+inline MmaLayout prefill_layout(int rows) {
+  return rows > 64 ? MmaLayout::kPrefill128 : MmaLayout::kPrefill64;
 }
 
 inline void check_head_dim(std::string_view op, int head_dim) {
@@ -107,7 +128,9 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   }
   KernelChoice<T, KV> choice{};
   if constexpr (!std::is_same_v<T, float>) {
-    if (tensor_cores) choice = mma_kernel<T, KV>(s.head_dim, decode);
+    if (tensor_cores) {
+      choice = mma_kernel<T, KV>(s.head_dim, decode ? MmaLayout::kDecode : prefill_layout(rows));
+    }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);
   const KernelInfo info = kernel_info(enc, reinterpret_cast<const void*>(choice.kernel),
@@ -115,9 +138,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
 
   const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
   const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
+  // Prefill partials cost rows * splits * D * 8 bytes of traffic: split only to fill one wave.
   const SplitPlan plan =
       plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
-                  int64_t{sm_count(enc)} * info.ctas_per_sm,
+                  int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
                   decode ? decode_num_splits() : prefill_num_splits());
 
   out.set_data(mx::allocator::malloc(out.nbytes()));

@@ -1,13 +1,14 @@
 // Tensor-core attention kernel (FA2-style, mma.sync m16n8k16, fp32 accumulation) for float16 and
 // bfloat16 with D = 64 or 128. One template serves both schedules; only the warp layout differs:
-//   prefill  kWarpsQ = 4, kWarpsKV = 1: 64 packed query rows per CTA, 16 per warp; every warp
-//            walks all 64 keys of each tile (FA2 / FlashInfer prefill).
-//   decode   kWarpsQ = 1, kWarpsKV = 4: 16 packed rows (G heads x L <= 8 positions) shared by all
-//            warps; each warp takes 16 of the tile's 64 keys and keeps its own (m, d, O), merged
-//            through shared memory at the end (FlashInfer's tensor-core decode).
-// Per tile and warp: S = Q K^T (Q fragments in registers, K by ldmatrix), mask only in tiles that
-// cross a row's causal limit, the chunk end or an unmapped page, online softmax in the exp2
-// domain (one FFMA + one ex2 per score), then O += P V with P taken straight from the S
+//   prefill  kWarpsQ = 4, kWarpsKV = 1: each warp owns kMTiles x 16 packed query rows (64 or 128
+//            rows per CTA) and walks all 64 keys of each tile (FA2 / FlashInfer prefill). Two
+//            m16 tiles per warp use every K/V fragment loaded by ldmatrix twice.
+//   decode   kWarpsQ = 1, kWarpsKV = 4, kMTiles = 1: 16 packed rows (G heads x L <= 8 positions)
+//            shared by all warps; each warp takes 16 of the tile's 64 keys and keeps its own
+//            (m, d, O), merged through shared memory at the end (FlashInfer's tensor-core decode).
+// Per tile and warp: S = Q K^T (Q and K fragments by ldmatrix from shared memory), mask only in
+// tiles that cross a row's causal limit, the chunk end or an unmapped page, online softmax in the
+// exp2 domain (one FFMA + one ex2 per score), then O += P V with P taken straight from the S
 // accumulators and V by ldmatrix.trans. Shared tiles use the 128-byte XOR swizzle
 // (16-byte chunk c of row r lives at chunk c ^ (r % 8)), so ldmatrix is free of bank conflicts.
 // K/V stream through the cp.async ring of kv_ring.cuh, as in attention_simt.cuh.
@@ -19,31 +20,40 @@
 
 namespace pagekernels::cuda {
 
-template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kStagesArg>
+template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kMTilesArg, int kStagesArg>
 struct MmaConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "tensor-core path: D = 64 or 128");
   static constexpr int kThreads = 32 * kWarpsQ * kWarpsKV;
-  static constexpr int kRows = 16 * kWarpsQ;  // packed query rows per CTA
-  static constexpr int kTile = 64;            // keys per pipeline stage
+  static constexpr int kMTiles = kMTilesArg;    // m16 row tiles per warp
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kRows = kWarpRows * kWarpsQ;  // packed query rows per CTA
+  static constexpr int kTile = 64;                   // keys per pipeline stage
   static constexpr int kStages = kStagesArg;
+  // block_table lookahead in tiles (kv_ring.cuh): decode tiles compute too briefly to hide it.
+  static constexpr int kAhead = kWarpsKV > 1 ? 4 : 1;
   static constexpr int kWarpKeys = kTile / kWarpsKV;
-  static_assert(kWarpKeys % 16 == 0, "warps take whole 16-key blocks");
-  static constexpr int kKeyBlocks = kWarpKeys / 16;
+  // A warp walks its keys in kMTiles passes, so its S accumulators stay at 32 registers.
+  static constexpr int kPasses = kMTiles;
+  static constexpr int kPassKeys = kWarpKeys / kPasses;
+  static_assert(kPassKeys % 16 == 0, "passes take whole 16-key blocks");
+  static constexpr int kKeyBlocks = kPassKeys / 16;
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T, n16 blocks of P V
   static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
   using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, /*kSwizzle=*/true>;
   static constexpr size_t kQBytes = kRows * kHeadDim * sizeof(T);
   static constexpr size_t kSmemBytes = kQBytes + Ring::kSmemBytes;
-  static_assert(kWarpsKV * kRows * (kOutStride + 2) * sizeof(float) <= Ring::kRingBytes,
-                "epilogue scratch reuses the K/V ring");
+  static_assert(kWarpsKV * kRows * (kOutStride + 2) * sizeof(float) <= kQBytes + Ring::kRingBytes,
+                "epilogue scratch reuses the Q tile and the K/V ring");
 };
 
-template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kStages, typename KV>
+template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kMTiles, int kStages,
+          typename KV>
 __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
     attention_mma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
-  using C = MmaConfig<T, kHeadDim, kWarpsQ, kWarpsKV, kStages>;
+  using C = MmaConfig<T, kHeadDim, kWarpsQ, kWarpsKV, kMTiles, kStages>;
   constexpr int kTile = C::kTile;
+  constexpr int kScoreBlocks = 2 * C::kKeyBlocks;  // n8 blocks of S per m16 tile
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_tile = reinterpret_cast<T*>(smem);  // [kRows][kHeadDim], swizzled
@@ -60,15 +70,20 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
                               range.end, kHeadDim);
   const int unmasked_end = min(range.all_rows, range.end);
+  const int warp_row0 = warp_q * C::kWarpRows;  // this warp's first row in the CTA
 
-  // This thread's two accumulator rows (g and g + 8 of its warp's m16 tile) and their key limits.
-  int limit[2];
+  // Key limits of this thread's accumulator rows: row g (h = 0) and g + 8 (h = 1) of m-tile mt.
+  int limit[kMTiles][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_begin + warp_q * 16 + lane / 4 + 8 * h;
-    limit[h] = r < row_end ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal),
-                                 range.end)
-                           : 0;
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_begin + warp_row0 + mt * 16 + lane / 4 + 8 * h;
+      limit[mt][h] = r < row_end ? min(row_key_limit(r / p.group, p.query_len, num_keys,
+                                                     p.causal),
+                                       range.end)
+                                 : 0;
+    }
   }
 
   // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
@@ -84,34 +99,36 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
 
   // Offsets of the first kStages tiles; bit s of `unmapped` = the tile in offset slot s has
   // unmapped keys in range (it needs the element mask). __syncthreads_or is the barrier.
+  KVRow window[C::kAhead];
+  const uint32_t my_unmapped = ring.start(p.kv, window);
   uint32_t unmapped = 0;
   for (int s = 0; s < kStages; ++s) {
-    if (__syncthreads_or(ring.store_offsets(p.kv, s, ring.locate(p.kv, s)))) unmapped |= 1u << s;
+    if (__syncthreads_or((my_unmapped >> s) & 1u)) unmapped |= 1u << s;
   }
   for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
 
-  // Q fragments (A operand) for this warp's 16 rows. A negative (or zero) scale is folded into
-  // Q exactly (sign flip / zero), so the softmax below can assume c > 0.
-  cp_async_wait<kStages - 1>();
-  __syncthreads();
+  // The softmax below assumes c = scale * log2(e) > 0: a negative scale flips the sign of Q, a
+  // zero scale zeroes it (both exact in 16-bit floats), and c becomes |c| (or 1).
   const float c = p.scale_log2 > 0.0f ? p.scale_log2 : (p.scale_log2 < 0.0f ? -p.scale_log2 : 1.0f);
-  const uint32_t q_xor = p.scale_log2 < 0.0f ? 0x80008000u : 0u;
-  const uint32_t q_and = p.scale_log2 == 0.0f ? 0u : 0xffffffffu;
-  uint32_t qf[C::kDimSteps][4];
-#pragma unroll
-  for (int ds = 0; ds < C::kDimSteps; ++ds) {
-    ldmatrix_x4(qf[ds], q_tile + C::Ring::position(warp_q * 16 + lane % 16, 2 * ds + lane / 16));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) qf[ds][e] = (qf[ds][e] ^ q_xor) & q_and;
+  if (p.scale_log2 <= 0.0f) {
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const uint32_t flip = p.scale_log2 < 0.0f ? 0x80008000u : 0u;
+    const uint32_t keep = p.scale_log2 < 0.0f ? 0xffffffffu : 0u;
+    uint32_t* words = reinterpret_cast<uint32_t*>(q_tile);
+    for (int i = tid; i < C::kRows * kHeadDim / 2; i += C::kThreads) {
+      words[i] = (words[i] ^ flip) & keep;
+    }
   }
 
-  float o[kHeadDim / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY};
-  float d[2] = {0.0f, 0.0f};
+  float o[kMTiles][kHeadDim / 8][4] = {};
+  float m[kMTiles][2];
+  float d[kMTiles][2] = {};
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
   bool pending_unmapped = false;
 
   for (int i = 0; i < ring.num_tiles; ++i) {
-    const KVRow ahead = ring.locate(p.kv, i + kStages);
     cp_async_wait<kStages - 2>();
     // The barrier; also collects the unmapped flag of the offsets stored last iteration.
     const uint32_t stored_bit = 1u << ((i + kStages - 1) % C::Ring::kOffsetSlots);
@@ -125,101 +142,135 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
     const T* ks = ring.k_tile(i);
     const T* vs = ring.v_tile(i);
     const int t0 = ring.first_key(i);
-    const int key0 = warp_kv * C::kWarpKeys;  // this warp's first key in the tile
+    const bool masked =
+        t0 + kTile > unmasked_end || ((unmapped >> (i % C::Ring::kOffsetSlots)) & 1u);
+#pragma unroll 1
+    for (int pass = 0; pass < C::kPasses; ++pass) {
+      const int key0 = warp_kv * C::kWarpKeys + pass * C::kPassKeys;  // first key of this pass
 
-    // S = Q K^T for this warp's keys: s[n] is the 16x8 block of keys key0 + 8n .. + 7.
-    float s[2 * C::kKeyBlocks][4] = {};
-#pragma unroll
-    for (int kb = 0; kb < C::kKeyBlocks; ++kb) {
+      // S = Q K^T for this warp's keys: s[mt][n] is the 16x8 block of rows mt and keys
+      // key0 + 8n .. + 7. Each K fragment serves all kMTiles row tiles.
+      float s[kMTiles][kScoreBlocks][4] = {};
 #pragma unroll
       for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        uint32_t kf[4];
-        const int key = key0 + kb * 16 + (lane / 16) * 8 + lane % 8;
-        ldmatrix_x4(kf, ks + C::Ring::position(key, 2 * ds + (lane / 8) % 2));
-        mma_16816<T>(s[2 * kb], qf[ds], kf[0], kf[1]);
-        mma_16816<T>(s[2 * kb + 1], qf[ds], kf[2], kf[3]);
-      }
-    }
-
-    if (t0 + kTile > unmasked_end || ((unmapped >> (i % C::Ring::kOffsetSlots)) & 1u)) {
-      const int64_t* offs = ring.tile_offsets(i);
+        uint32_t qf[kMTiles][4];
 #pragma unroll
-      for (int n = 0; n < 2 * C::kKeyBlocks; ++n) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ldmatrix_x4(qf[mt], q_tile + C::Ring::position(warp_row0 + mt * 16 + lane % 16,
+                                                         2 * ds + lane / 16));
+        }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
-          if (!(t0 + key < limit[e / 2] && offs[key] >= 0)) s[n][e] = -INFINITY;
+        for (int kb = 0; kb < C::kKeyBlocks; ++kb) {
+          uint32_t kf[4];
+          const int key = key0 + kb * 16 + (lane / 16) * 8 + lane % 8;
+          ldmatrix_x4(kf, ks + C::Ring::position(key, 2 * ds + (lane / 8) % 2));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(s[mt][2 * kb], qf[mt], kf[0], kf[1]);
+            mma_16816<T>(s[mt][2 * kb + 1], qf[mt], kf[2], kf[3]);
+          }
         }
       }
-    }
 
-    // Online softmax for rows g (h = 0, elements 0-1) and g + 8 (h = 1, elements 2-3).
+      if (masked) {
+        const int64_t* offs = ring.tile_offsets(i);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float row_max = -INFINITY;
+        for (int n = 0; n < kScoreBlocks; ++n) {
 #pragma unroll
-      for (int n = 0; n < 2 * C::kKeyBlocks; ++n) {
-        row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      }
-      row_max = group_max<4>(row_max);
-      const float m_new = fmaxf(m[h], row_max * c);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
-      const float alpha = fast_exp2(m[h] - m_use);
-      m[h] = m_new;
-      d[h] *= alpha;
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
+            const bool mapped = offs[key] >= 0;
 #pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-      for (int n = 0; n < 2 * C::kKeyBlocks; ++n) {
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
-          d[h] += s[n][e];
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              if (!(mapped && t0 + key < limit[mt][e / 2])) s[mt][n][e] = -INFINITY;
+            }
+          }
         }
       }
-    }
 
-    // O += P V: the S accumulators of keys 16kb .. 16kb+15 are exactly an A fragment.
+      // Online softmax for rows g (h = 0, elements 0-1) and g + 8 (h = 1, elements 2-3).
 #pragma unroll
-    for (int kb = 0; kb < C::kKeyBlocks; ++kb) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kb][0], s[2 * kb][1]),
-                             pack2<T>(s[2 * kb][2], s[2 * kb][3]),
-                             pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]),
-                             pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        uint32_t vf[4];
-        const int key = key0 + kb * 16 + lane % 16;
-        ldmatrix_x4_trans(vf, vs + C::Ring::position(key, 2 * ds + lane / 16));
-        mma_16816<T>(o[2 * ds], a, vf[0], vf[1]);
-        mma_16816<T>(o[2 * ds + 1], a, vf[2], vf[3]);
+        for (int h = 0; h < 2; ++h) {
+          float row_max = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < kScoreBlocks; ++n) {
+            row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+          }
+          row_max = group_max<4>(row_max);
+          const float m_new = fmaxf(m[mt][h], row_max * c);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
+          const float alpha = fast_exp2(m[mt][h] - m_use);
+          m[mt][h] = m_new;
+          d[mt][h] *= alpha;
+#pragma unroll
+          for (int n = 0; n < kHeadDim / 8; ++n) {
+            o[mt][n][2 * h] *= alpha;
+            o[mt][n][2 * h + 1] *= alpha;
+          }
+#pragma unroll
+          for (int n = 0; n < kScoreBlocks; ++n) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], c, -m_use));
+              d[mt][h] += s[mt][n][e];
+            }
+          }
+        }
       }
-    }
 
-    pending_unmapped = ring.store_offsets(p.kv, i + kStages, ahead);
+      // O += P V: the S accumulators of keys 16kb .. 16kb+15 are exactly an A fragment, and each
+      // V fragment serves all kMTiles row tiles.
+#pragma unroll
+      for (int kb = 0; kb < C::kKeyBlocks; ++kb) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          a[mt][0] = pack2<T>(s[mt][2 * kb][0], s[mt][2 * kb][1]);
+          a[mt][1] = pack2<T>(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+          a[mt][2] = pack2<T>(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
+          a[mt][3] = pack2<T>(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+        }
+#pragma unroll
+        for (int ds = 0; ds < C::kDimSteps; ++ds) {
+          uint32_t vf[4];
+          const int key = key0 + kb * 16 + lane % 16;
+          ldmatrix_x4_trans(vf, vs + C::Ring::position(key, 2 * ds + lane / 16));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(o[mt][2 * ds], a[mt], vf[0], vf[1]);
+            mma_16816<T>(o[mt][2 * ds + 1], a[mt], vf[2], vf[3]);
+          }
+        }
+      }
+
+    }  // pass
+    pending_unmapped = ring.advance(p.kv, i, window);
   }
   cp_async_wait<0>();
-  __syncthreads();  // the ring is free from here on
+  __syncthreads();  // Q and the ring are free from here on
 
   // Epilogue: every warp parks (m, d, O) in shared memory; then all threads merge the kWarpsKV
   // partial states of each row (one state when kWarpsKV == 1) and write 8 dims at a time.
-  float* scratch = reinterpret_cast<float*>(ring.k_ring);  // [kWarpsKV][kRows][kOutStride]
+  float* scratch = reinterpret_cast<float*>(smem);  // [kWarpsKV][kRows][kOutStride]
   float* stats = scratch + kWarpsKV * C::kRows * C::kOutStride;  // [kWarpsKV][kRows][2]
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    d[h] = group_sum<4>(d[h]);
-    const int row = warp_q * 16 + lane / 4 + 8 * h;
-    float* dst = scratch + (warp_kv * C::kRows + row) * C::kOutStride + 2 * (lane % 4);
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
-    }
-    if (lane % 4 == 0) {
-      stats[2 * (warp_kv * C::kRows + row)] = m[h];
-      stats[2 * (warp_kv * C::kRows + row) + 1] = d[h];
+    for (int h = 0; h < 2; ++h) {
+      const float row_sum = group_sum<4>(d[mt][h]);
+      const int row = warp_row0 + mt * 16 + lane / 4 + 8 * h;
+      const int slot = warp_kv * C::kRows + row;
+      float* dst = scratch + slot * C::kOutStride + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+      }
+      if (lane % 4 == 0) {
+        stats[2 * slot] = m[mt][h];
+        stats[2 * slot + 1] = row_sum;
+      }
     }
   }
   __syncthreads();

@@ -36,6 +36,7 @@ struct SimtConfig {
                                                                  : 16384 / kBytesPerKey;
   static constexpr int kKeysPerThread = kTile / kKeyGroups;
   static constexpr int kStages = 4;
+  static constexpr int kAhead = 4;  // block_table lookahead in tiles (kv_ring.cuh)
   using Ring = KVRing<T, kTile, kDimCap, kStages, kThreads, /*kSwizzle=*/false>;
   static constexpr size_t kSmemBytes = Ring::kSmemBytes;
   static_assert(kKeyGroups * kRows * (kDimCap + 2) * sizeof(float) <= Ring::kRingBytes,
@@ -80,12 +81,12 @@ __global__ void __launch_bounds__(128)
   float o[kVec] = {};
   SoftmaxState state = SoftmaxState::empty();
 
-  for (int s = 0; s < kStages; ++s) ring.store_offsets(p.kv, s, ring.locate(p.kv, s));
+  KVRow window[C::kAhead];
+  ring.start(p.kv, window);
   __syncthreads();
   for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
 
   for (int i = 0; i < ring.num_tiles; ++i) {
-    const KVRow ahead = ring.locate(p.kv, i + kStages);
     cp_async_wait<kStages - 2>();
     __syncthreads();
     ring.issue(i + kStages - 1);
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(128)
         for (int e = 0; e < kVec; ++e) o[e] = fmaf(pk, vf[e], o[e]);
       }
     }
-    ring.store_offsets(p.kv, i + kStages, ahead);
+    ring.advance(p.kv, i, window);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring is free from here on

@@ -4,13 +4,16 @@
 // resolved once per key, by thread j for key j, into offset slot i % (kStages + 1), and shared
 // through shared memory with the threads that issue the 16-byte copies. Kernels use it as:
 //
-//   ring.store_offsets(s, ring.locate(s)) for s < kStages; barrier; ring.issue(s) for s < kStages-1
+//   ring.start(kv, window); barrier; ring.issue(s) for s < kStages - 1
 //   for each tile i:
-//     ahead = ring.locate(i + kStages)        // block_table load, in flight during tile i
 //     cp_async_wait<kStages - 2>(); barrier   // tile i has landed
 //     ring.issue(i + kStages - 1)             // refills tile i-1's stage
 //     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.tile_offsets(i) for masks)
-//     ring.store_offsets(i + kStages, ahead)  // into tile i-1's offset slot
+//     ring.advance(kv, i, window)             // stores tile i+kStages's offsets into tile
+//                                             // i-1's slot, looks up tile i+kStages+kAhead
+//
+// The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
+// decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
 //
 // Slot (i + kStages) % (kStages + 1) held tile i-1's offsets; their last reader (compute of tile
 // i-1) finished before tile i's barrier, and the next reader (issue at i+1) comes after the next
@@ -109,6 +112,32 @@ struct KVRing {
       }
     }
     cp_async_commit();
+  }
+
+  // Prologue: offsets of tiles 0 .. kStages-1 (their lookups in flight together) and the first
+  // lookups of the window. Bit s of the result: this thread's key of tile s is unmapped.
+  template <typename KV, int kAhead>
+  __device__ __forceinline__ uint32_t start(const KV& kv, KVRow (&window)[kAhead]) const {
+    KVRow first[kStages];
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) first[s] = locate(kv, s);
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) window[a] = locate(kv, kStages + a);
+    uint32_t unmapped = 0;
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) unmapped |= uint32_t{store_offsets(kv, s, first[s])} << s;
+    return unmapped;
+  }
+
+  // End of iteration i: publishes tile i+kStages from the window, then looks up the tile
+  // kAhead further. True when this thread's key of tile i+kStages is unmapped.
+  template <typename KV, int kAhead>
+  __device__ __forceinline__ bool advance(const KV& kv, int i, KVRow (&window)[kAhead]) const {
+    const bool unmapped = store_offsets(kv, i + kStages, window[0]);
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a) window[a] = window[a + 1];
+    window[kAhead - 1] = locate(kv, i + kStages + kAhead);
+    return unmapped;
   }
 
   __device__ __forceinline__ const T* k_tile(int tile) const {

@@ -17,10 +17,6 @@ namespace pagekernels::cuda {
 // (128 KB of bf16 K+V per kv head at D=128) as FlashInfer's single-request decode; to tune.
 constexpr int kMinChunkKeys = 256;
 
-// Splits stop once this many waves of CTAs are resident: two waves keep every SM busy even when
-// the chunks of one request end early.
-constexpr int kTargetWaves = 2;
-
 constexpr int kMaxSplits = 65535;  // gridDim.y
 
 struct SplitPlan {
@@ -32,17 +28,19 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // work: CTAs without a split; max_keys: most keys any row can see (shape bound); align: chunk
 // granularity (lcm of page size and key tile); wave: CTAs resident at once (SMs x CTAs per SM);
-// forced_splits: 0 = choose, n > 0 = n chunks (tests, benchmarks), clamped to what fits.
+// target_waves: split until work * splits reaches this many waves (2 for decode keeps every SM
+// busy when one request's chunks end early); forced_splits: 0 = choose, n > 0 = n chunks
+// (tests, benchmarks), clamped to what fits.
 inline SplitPlan plan_splits(int64_t work, int64_t max_keys, int align, int64_t wave,
-                             int forced_splits) {
+                             int target_waves, int forced_splits) {
   max_keys = std::max<int64_t>(max_keys, 1);
   work = std::max<int64_t>(work, 1);
   const int64_t most = std::min<int64_t>(ceil_div(max_keys, align), kMaxSplits);
   int64_t splits = 1;
   if (forced_splits > 0) {
     splits = forced_splits;
-  } else if (work < kTargetWaves * wave) {
-    const int64_t to_fill = kTargetWaves * wave / work;
+  } else if (work < target_waves * wave) {
+    const int64_t to_fill = target_waves * wave / work;
     const int64_t by_chunk = max_keys / kMinChunkKeys;
     splits = std::min(to_fill, by_chunk);
   }
