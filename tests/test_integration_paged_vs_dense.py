@@ -6,6 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 PROMPT = list(b"Pages!")
 NUM_DECODE_STEPS = 14  # 6 + 14 = 20 tokens: five pages of 4
@@ -75,3 +77,25 @@ def test_batched_decode_rows_equal_each_row_alone(
             np.testing.assert_allclose(logprobs(logits[b]), logprobs(solo), atol=1e-5)
         next_tokens = [int(t) for t in mx.argmax(logits[:3], axis=-1).tolist()]
     assert not np.isnan(np.array(logits[:3])).any()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    page_size=st.sampled_from([1, 3, 4, 16]),
+)
+def test_any_chunking_and_page_size_equals_one_call(
+    make_tiny, make_driver, logprobs, chunks: list[int], page_size: int
+) -> None:
+    model = make_tiny("paged")
+    tokens = list(b"hypothesis picks the chunks and the page size")[: sum(chunks)]
+    whole = make_driver(model, page_size=page_size, num_pages=64)
+    one_call = logprobs(whole.step([whole.new_row()], [tokens], max_pages=64)[0])
+    chunked = make_driver(model, page_size=page_size, num_pages=64)
+    row, start = chunked.new_row(), 0
+    for size in chunks:
+        if start >= len(tokens):
+            break
+        logits = chunked.step([row], [tokens[start : start + size]], max_pages=64)[0]
+        start += size
+    np.testing.assert_allclose(logprobs(logits), one_call, atol=1e-5)
