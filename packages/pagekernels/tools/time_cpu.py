@@ -1,7 +1,8 @@
 """Times the CPU kernels against MLX's own SDPA on decode and prefill shapes.
 
 Usage: python packages/pagekernels/tools/time_cpu.py [--iterations 30] [--repeats 5]
-Prints a Markdown table: the best (min over repeats) of each repeat's median time per call.
+Prints a Markdown table: per op, the best (min over rounds) of each round's median time per call;
+the ops alternate within a round.
 K/V pages are scattered (a random permutation of page ids); MLX SDPA runs on dense K/V that
 were gathered beforehand (its time excludes the gather).
 """
@@ -25,19 +26,22 @@ SHAPES = [  # (label, B, Hq, Hkv, L, D, context, page_size)
 ]
 
 
-def time_call(fn: Callable[[], mx.array], iterations: int, repeats: int) -> float:
-    """Milliseconds per call: min over `repeats` of the median of `iterations` timed evals."""
-    for _ in range(3):
-        mx.eval(fn())
-    medians = []
-    for _ in range(repeats):
-        samples = []
-        for _ in range(iterations):
-            start = time.perf_counter()
+def time_calls(fns: list[Callable[[], mx.array]], iterations: int, repeats: int) -> list[float]:
+    """Milliseconds per call of each fn: min over `repeats` rounds of the median of `iterations`
+    timed evals; the fns alternate within a round so that load from neighbours hits all alike."""
+    for fn in fns:
+        for _ in range(3):
             mx.eval(fn())
-            samples.append(time.perf_counter() - start)
-        medians.append(statistics.median(samples))
-    return min(medians) * 1e3
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            samples = []
+            for _ in range(iterations):
+                start = time.perf_counter()
+                mx.eval(fn())
+                samples.append(time.perf_counter() - start)
+            best[i] = min(best[i], statistics.median(samples))
+    return [t * 1e3 for t in best]
 
 
 def time_shape(
@@ -68,9 +72,7 @@ def time_shape(
     def sdpa() -> mx.array:
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=D**-0.5, mask=mask)
 
-    t_paged, t_dense, t_sdpa = (
-        time_call(fn, iterations, repeats) for fn in (paged, gather_dense, sdpa)
-    )
+    t_paged, t_dense, t_sdpa = time_calls([paged, gather_dense, sdpa], iterations, repeats)
     return t_paged, t_dense, t_sdpa
 
 
