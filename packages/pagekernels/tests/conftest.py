@@ -20,6 +20,18 @@ POISON = float("nan")
 DEVICES = [mx.cpu] + ([mx.gpu] if mx.cuda.is_available() else [])
 
 
+@pytest.fixture(autouse=True)
+def _oracles_on_cpu():
+    """Inputs and oracles (reference ops, MLX SDPA) run on the CPU; native ops name their stream.
+
+    On the GPU machine the default device is the GPU, whose float32 matmul is not exact to 1e-5.
+    """
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
 @pytest.fixture(params=DEVICES, ids=lambda d: "gpu" if d == mx.gpu else "cpu")
 def device(request: pytest.FixtureRequest) -> mx.Device:
     """The device the native op runs on; oracles always run on the CPU."""
