@@ -60,12 +60,9 @@ def test_bucketed_width_pads_and_narrow_width_is_rejected(pool: PagePool) -> Non
     rows = [_list_with(pool, 5), _list_with(pool, 1)]
     wide = BatchMetadata.build(rows, query_len=1, max_pages=6)
     assert wide.max_pages == 6 and wide.block_table.shape == (2, 6)
-    alias = BatchMetadata.build(rows, query_len=1, num_pages_bucket=6)
-    assert alias.block_table_host == wide.block_table_host
+    assert wide.block_table_host == (rows[0].page_ids + (-1,) * 4, rows[1].page_ids + (-1,) * 5)
     with pytest.raises(InvalidMetadata, match="row 0 has 2 pages but max_pages=1"):
         BatchMetadata.build(rows, query_len=1, max_pages=1)
-    with pytest.raises(InvalidMetadata, match="num_pages_bucket=5 differ"):
-        BatchMetadata.build(rows, query_len=1, max_pages=6, num_pages_bucket=5)
     with pytest.raises(InvalidArgument, match="max_pages must be an int >= 1"):
         BatchMetadata.build(rows, query_len=1, max_pages=0)
 
@@ -139,9 +136,19 @@ def test_build_rejects(pool: PagePool, make_rows, kwargs: dict, match: str) -> N
     assert snapshot(pool) == before
 
 
-def test_build_rejects_a_zero_query_len(pool: PagePool) -> None:
+def test_both_factories_reject_a_zero_query_len(pool: PagePool) -> None:
     with pytest.raises(InvalidArgument, match="query_len must be an int >= 1, got 0"):
         BatchMetadata.build([_list_with(pool, 2)], query_len=0)
+    with pytest.raises(InvalidArgument, match="query_len must be an int >= 1, got 0"):
+        BatchMetadata.from_host([[0]], [2], query_len=0, page_size=4, num_pages=8)
+
+
+def test_rows_may_be_any_sequence(pool: PagePool) -> None:
+    rows = [_list_with(pool, 3), None]
+    from_tuple = BatchMetadata.build(tuple(rows), query_len=1)
+    assert from_tuple.block_table_host == BatchMetadata.build(rows, query_len=1).block_table_host
+    with pytest.raises(InvalidMetadata, match="rows must be a non-empty sequence"):
+        BatchMetadata.build(iter(rows), query_len=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

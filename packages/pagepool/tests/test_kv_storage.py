@@ -43,8 +43,17 @@ def test_layout_is_one_page_array_per_layer(dtype: mx.Dtype) -> None:
         ({"num_kv_heads": -1}, "num_kv_heads must be an int >= 1"),
         ({"head_dim": 2.5}, "head_dim must be an int >= 1"),
         ({"fill_value": "nan"}, "fill_value must be a float"),
+        ({"fill_value": True}, "fill_value must be a float, got True"),
     ],
-    ids=["int-dtype", "str-dtype", "no-layers", "negative-heads", "float-head-dim", "str-fill"],
+    ids=[
+        "int-dtype",
+        "str-dtype",
+        "no-layers",
+        "negative-heads",
+        "float-head-dim",
+        "str-fill",
+        "bool-fill",
+    ],  # fmt: skip
 )
 def test_constructor_rejects_bad_arguments(pool: PagePool, kwargs: dict, match: str) -> None:
     arguments = {"num_layers": 1, "num_kv_heads": 1, "head_dim": 4, "dtype": mx.float16, **kwargs}
@@ -138,13 +147,44 @@ def test_copy_pages_rejects_and_changes_nothing(
         np.testing.assert_array_equal(np.array(new), old)
 
 
+def test_copy_pages_stays_lazy(storage: KVStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine evaluates storage once per step: copies must not synchronise on their own.
+    for layer in range(storage.num_layers):
+        storage.update_layer(
+            layer, mx.random.normal(storage.page_shape), mx.random.normal(storage.page_shape)
+        )
+    before = [np.array(array) for array in storage.keys + storage.values]
+
+    def no_eval(*arrays: object) -> None:
+        raise AssertionError("copy_pages evaluated its arrays")
+
+    monkeypatch.setattr(mx, "eval", no_eval)
+    storage.copy_pages([PageCopy(src=1, dst=6)])
+    monkeypatch.undo()
+    for old, new in zip(before, storage.keys + storage.values, strict=True):
+        expected = old.copy()
+        expected[6] = old[1]
+        np.testing.assert_array_equal(np.array(new), expected)
+
+
 @pytest.mark.parametrize(
     ("src", "dst", "match"),
-    [(-1, 2, "src must be a page id >= 0"), (1, 1.0, "dst must be a page id"), (3, 3, "differ")],
+    [
+        (-1, 2, "PageCopy.src must be an int >= 0, got -1"),
+        (1, 1.0, "PageCopy.dst must be an int >= 0, got 1.0"),
+        (True, 2, "PageCopy.src must be an int >= 0, got True"),
+        (3, 3, "differ"),
+    ],
+    ids=["negative", "float", "bool", "same"],
 )
 def test_page_copy_validates_its_ids(src: object, dst: object, match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
         PageCopy(src=src, dst=dst)  # type: ignore[arg-type]
+
+
+def test_page_copy_accepts_numpy_integers_as_ints() -> None:
+    copy = PageCopy(src=np.int64(3), dst=np.int32(5))  # type: ignore[arg-type]
+    assert (copy.src, copy.dst) == (3, 5) and type(copy.src) is int and type(copy.dst) is int
 
 
 def test_copy_on_write_keeps_both_requests_intact(storage: KVStorage, pool: PagePool) -> None:

@@ -13,6 +13,7 @@ from pagepool import (
     PagePool,
     PagePoolError,
     PoolExhausted,
+    pages_for,
 )
 
 
@@ -208,6 +209,32 @@ def test_pool_operations_scale_with_pages_touched() -> None:
         big.free([page_id])
         assert big.allocate(1) == [page_id]
     assert big.num_free == 0 and big.metrics().num_reused_allocations == 20_000
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "page_size", "expected"),
+    [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (10, 4, 3), (17, 1, 17), (15, 16, 1)],
+)
+def test_pages_for_is_the_ceiling_of_tokens_over_page_size(
+    num_tokens: int, page_size: int, expected: int
+) -> None:
+    assert pages_for(num_tokens, page_size) == expected
+    assert PagePool(page_size, 1).pages_for(num_tokens) == expected
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "page_size", "match"),
+    [
+        (-1, 4, "num_tokens must be an int >= 0, got -1"),
+        (2.5, 4, "num_tokens must be an int >= 0, got 2.5"),
+        (3, 0, "page_size must be an int >= 1, got 0"),
+        (3, True, "page_size must be an int >= 1, got True"),
+    ],
+    ids=["negative-tokens", "float-tokens", "zero-page-size", "bool-page-size"],
+)
+def test_pages_for_rejects_bad_arguments(num_tokens: object, page_size: object, match: str) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        pages_for(num_tokens, page_size)  # type: ignore[arg-type]
 
 
 def test_repr_names_the_mode(pool: PagePool, growable_pool: PagePool) -> None:

@@ -16,8 +16,8 @@ from pagepool.errors import (
 from pagepool.metadata import BatchMetadata
 from pagepool.metrics import PoolMetrics
 from pagepool.pagelist import AppendResult, PageList
-from pagepool.pool import GrowthListener, PageCopy, PagePool
-from pagepool.storage import KVStorage
+from pagepool.pool import GrowthListener, PageCopy, PagePool, pages_for
+from pagepool.storage import SUPPORTED_DTYPES, KVStorage
 
 __version__ = version("pagepool")
 
@@ -37,5 +37,7 @@ __all__ = [
     "PagePoolError",
     "PoolExhausted",
     "PoolMetrics",
+    "SUPPORTED_DTYPES",
     "__version__",
+    "pages_for",
 ]

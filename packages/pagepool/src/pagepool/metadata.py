@@ -15,6 +15,7 @@ import mlx.core as mx
 from pagepool._validate import as_int
 from pagepool.errors import InvalidMetadata
 from pagepool.pagelist import PageList
+from pagepool.pool import pages_for
 
 __all__ = ["BatchMetadata"]
 
@@ -71,7 +72,6 @@ class BatchMetadata:
         *,
         query_len: int,
         max_pages: int | None = None,
-        num_pages_bucket: int | None = None,
     ) -> BatchMetadata:
         """Metadata for `rows`, whose last `query_len` tokens were just appended.
 
@@ -82,16 +82,14 @@ class BatchMetadata:
             query_len: `L`, new tokens per real row (>= 1).
             max_pages: Block-table width; None means the widest row. The engine passes a
                 stable, bucketed width so shapes stay stable for `mx.compile`.
-            num_pages_bucket: Alias of `max_pages` (architecture.md's name).
 
         Raises:
             InvalidMetadata: A row is released, from another pool, too short for `query_len`,
                 wider than `max_pages`, aliases a page it does not share, or a slot differs.
+            InvalidArgument: `query_len` or `max_pages` is not an int >= 1.
         """
-        rows = list(rows) if isinstance(rows, Sequence) else rows
-        if not isinstance(rows, list) or not rows:
+        if not isinstance(rows, Sequence) or not rows:
             raise InvalidMetadata(f"rows must be a non-empty sequence, got {rows!r}")
-        width = _resolve_width(max_pages, num_pages_bucket)
         query_len = as_int(query_len, "query_len", minimum=1)
         pool = None
         seen: set[int] = set()
@@ -125,7 +123,7 @@ class BatchMetadata:
             query_len=query_len,
             page_size=pool.page_size,
             num_pages=pool.capacity,
-            max_pages=width,
+            max_pages=max_pages,
             max_holders=pool.refcount,
         )
         if slots is not None:
@@ -156,6 +154,7 @@ class BatchMetadata:
             max_pages: Block-table width; None means the widest row.
             shared_page_ids: Pages that may appear in several rows (shared on purpose).
         """
+        query_len = as_int(query_len, "query_len", minimum=1)
         page_size = as_int(page_size, "page_size", minimum=1)
         num_pages = as_int(num_pages, "num_pages", minimum=1)
         if len(block_table) != len(context_lens):
@@ -174,7 +173,7 @@ class BatchMetadata:
             query_len=query_len,
             page_size=page_size,
             num_pages=num_pages,
-            max_pages=None if max_pages is None else as_int(max_pages, "max_pages", minimum=1),
+            max_pages=max_pages,
             max_holders=lambda page_id: len(page_rows) if page_id in shared else 1,
         )
 
@@ -189,10 +188,12 @@ def _validated(
     max_pages: int | None,
     max_holders: Callable[[int], int],
 ) -> BatchMetadata:
-    """Check the rows against every rule, then build the arrays (one `mx.array` per field)."""
-    query_len = as_int(query_len, "query_len", minimum=1)
+    """Check the rows against every rule, then build the arrays (one `mx.array` per field).
+
+    `query_len`, `page_size` and `num_pages` are validated by the calling factory.
+    """
     widest = max(len(row) for row in page_rows)
-    width = widest if max_pages is None else max_pages
+    width = widest if max_pages is None else as_int(max_pages, "max_pages", minimum=1)
     if widest > width:
         b = next(b for b, row in enumerate(page_rows) if len(row) == widest)
         raise InvalidMetadata(f"row {b} has {widest} pages but max_pages={width}")
@@ -236,7 +237,7 @@ def _check_row(
     num_pages: int,
 ) -> None:  # fmt: skip
     """Row `b` covers its context with exactly the pages it needs, all inside storage."""
-    needed = -(-context_len // page_size)
+    needed = pages_for(context_len, page_size)
     if len(row) != needed:
         raise InvalidMetadata(
             f"context_lens[{b}]={context_len} needs {needed} page(s) of {page_size}, "
@@ -269,15 +270,6 @@ def _check_aliasing(page_rows: list[tuple[int, ...]], max_holders: Callable[[int
                 f"page {page_id} appears {count} times in the batch but is not shared "
                 f"that often (at most {max_holders(page_id)} holder(s))"
             )
-
-
-def _resolve_width(max_pages: int | None, num_pages_bucket: int | None) -> int | None:
-    if max_pages is not None and num_pages_bucket is not None and max_pages != num_pages_bucket:
-        raise InvalidMetadata(
-            f"max_pages={max_pages} and its alias num_pages_bucket={num_pages_bucket} differ"
-        )
-    width = max_pages if max_pages is not None else num_pages_bucket
-    return None if width is None else as_int(width, "max_pages", minimum=1)
 
 
 def _strip_padding(b: int, row: Sequence[int]) -> tuple[int, ...]:

@@ -160,7 +160,7 @@ class PageList:
 
     def _num_new_pages(self, num_tokens: int) -> int:
         room = len(self._page_ids) * self._pool.page_size - self._context_len
-        return -(-max(0, num_tokens - room) // self._pool.page_size)
+        return self._pool.pages_for(max(0, num_tokens - room))
 
     def _pages_needed(self, num_tokens: int) -> int:
         if num_tokens == 0:

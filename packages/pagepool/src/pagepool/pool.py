@@ -1,7 +1,8 @@
 """`PagePool`: hands out page ids, counts references, and plans copy-on-write copies.
 
 The pool owns ids and counts only; the K/V arrays live in `KVStorage`, which follows the pool's
-growth through a listener. Every operation is O(pages touched).
+growth through a listener. Every pool operation is O(pages touched) host bookkeeping; moving
+the K/V data of a copy-on-write copy is `KVStorage.copy_pages`'s work, with its own cost.
 """
 
 from __future__ import annotations
@@ -14,13 +15,32 @@ from pagepool._validate import as_int
 from pagepool.errors import InvalidArgument, InvalidPageId, PageAlreadyFree, PoolExhausted
 from pagepool.metrics import PoolMetrics
 
-__all__ = ["GrowthListener", "PageCopy", "PagePool"]
+__all__ = ["GrowthListener", "PageCopy", "PagePool", "pages_for"]
 
 GrowthListener = Callable[[int, int], int]
 """Called as `listener(old_capacity, new_capacity)` before a growth takes effect; it enlarges
 its storage and returns the number of bytes it copied."""
 
 _GROWTH_FACTOR = 2
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """Pages needed to hold `num_tokens` tokens, `ceil(num_tokens / page_size)`.
+
+    Args:
+        num_tokens: Tokens, an int >= 0 (numpy integers too).
+        page_size: Tokens per page, an int >= 1.
+
+    Raises:
+        InvalidArgument: Either argument is not an int in its range.
+
+    Example:
+        >>> pages_for(10, 4)
+        3
+    """
+    num_tokens = as_int(num_tokens, "num_tokens")
+    page_size = as_int(page_size, "page_size", minimum=1)
+    return -(-num_tokens // page_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +50,8 @@ class PageCopy:
     Attributes:
         src: Page id to copy from (still live, now with one holder fewer).
         dst: Fresh page id, owned by the writer, to copy into.
+
+    Both ids accept any integer (numpy integers too) and are stored as `int`.
     """
 
     src: int
@@ -37,9 +59,7 @@ class PageCopy:
 
     def __post_init__(self) -> None:
         for name in ("src", "dst"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"PageCopy.{name} must be a page id >= 0, got {value!r}")
+            object.__setattr__(self, name, as_int(getattr(self, name), f"PageCopy.{name}"))
         if self.src == self.dst:
             raise InvalidArgument(f"PageCopy.src and dst must differ, got {self.src} twice")
 
@@ -114,6 +134,10 @@ class PagePool:
         """Whether `allocate(num_pages)` would succeed (always true for a growable pool)."""
         num_pages = as_int(num_pages, "num_pages")
         return self._growable or num_pages <= self.num_free
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages of this pool needed to hold `num_tokens` tokens (`pages_for(n, page_size)`)."""
+        return pages_for(num_tokens, self._page_size)
 
     def refcount(self, page_id: int) -> int:
         """Reference count of `page_id` (0 when free)."""

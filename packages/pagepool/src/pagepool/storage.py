@@ -2,11 +2,13 @@
 
 A kernel turns a page id into an address in these arrays (`[P, H_kv, page_size, D]`). Writes
 happen in place in the `write_kv` kernel (another package), which costs O(new tokens); the
-model hands the arrays it returns back through `update_layer`.
+model hands the arrays it returns back through `update_layer`. Copy-on-write copies are lazy
+indexed updates (see `copy_pages` for their cost).
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -15,9 +17,10 @@ from pagepool._validate import as_int
 from pagepool.errors import InvalidArgument, InvalidPageId
 from pagepool.pool import PageCopy, PagePool
 
-__all__ = ["KVStorage"]
+__all__ = ["SUPPORTED_DTYPES", "KVStorage"]
 
 SUPPORTED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+"""Element types a `KVStorage` accepts."""
 
 
 class KVStorage:
@@ -33,7 +36,8 @@ class KVStorage:
         num_kv_heads: `H_kv`, >= 1.
         head_dim: `D`, >= 1.
         dtype: `mx.float32`, `mx.float16` or `mx.bfloat16`.
-        fill_value: Initial value of every slot (tests poison storage with NaN).
+        fill_value: Initial value of every slot, a real number (not a bool); tests poison
+            storage with NaN.
 
     Example:
         >>> storage = KVStorage(PagePool(4, 8), num_layers=2, num_kv_heads=1, head_dim=8,
@@ -59,7 +63,7 @@ class KVStorage:
         self._head_dim = as_int(head_dim, "head_dim", minimum=1)
         if dtype not in SUPPORTED_DTYPES:
             raise InvalidArgument(f"dtype must be one of float32, float16, bfloat16, got {dtype!r}")
-        if not isinstance(fill_value, (int, float)):
+        if isinstance(fill_value, bool) or not isinstance(fill_value, numbers.Real):
             raise InvalidArgument(f"fill_value must be a float, got {fill_value!r}")
         self._pool = pool
         self._dtype = dtype
@@ -135,7 +139,18 @@ class KVStorage:
         self._values[layer] = values
 
     def copy_pages(self, copies: Sequence[PageCopy]) -> None:
-        """Perform copy-on-write copies (`dst` page := `src` page) on every layer.
+        """Perform copy-on-write copies (`dst` page := `src` page) on every layer, lazily.
+
+        All copies of a call become one indexed update per array (`k[dst_ids] = k[src_ids]`),
+        left unevaluated for the caller's next evaluation (the engine evaluates storage once
+        per step, after the model wrote).
+        The update moves O(pages copied) data when MLX can donate the layer buffer to it, and
+        copies the whole layer, O(pool), when it cannot. In mlx 0.32.4 on the CPU it cannot,
+        because the update reads its sources from the buffer it writes. Copies are rare: they
+        happen only after pages were shared on purpose (`PageList.fork`, `PagePool.share`).
+
+        Args:
+            copies: The copies `PageList.append` returned (`AppendResult.copies`).
 
         Raises:
             InvalidArgument: An entry is not a `PageCopy`, a destination repeats, or a
@@ -159,11 +174,8 @@ class KVStorage:
             return
         src_ids = mx.array(src, dtype=mx.int32)
         dst_ids = mx.array(dst, dtype=mx.int32)
-        for arrays in (self._keys, self._values):
-            for layer, array in enumerate(arrays):
-                array[dst_ids] = array[src_ids]
-                arrays[layer] = array
-        mx.eval(self._keys, self._values)
+        for array in self._keys + self._values:
+            array[dst_ids] = array[src_ids]  # in place on the array object: the lists see it
 
     def _grow(self, old_capacity: int, new_capacity: int) -> int:
         """Growth listener: enlarge every array to `new_capacity` pages; return bytes copied."""
