@@ -22,61 +22,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
-from provenance import collect_provenance
 
-SCHEMA = "paged-serving/admission-sweep/1"
-# Default traces: the seed's on the GPU; a small one on the CPU (as `qwen3model serve-bench`).
-GPU_DEFAULTS = dict(
-    model="synthetic:qwen3-4b",
-    num_seqs=16,
-    min_input_len=128,
-    max_input_len=1024,
-    min_output_len=32,
-    max_output_len=128,
+from pageruntime import configure_logging
+from qwen3model import load_model
+from qwen3model.commands import DEFAULT_CPU_MODEL, DEFAULT_GPU_MODEL
+from qwen3model.provenance import collect_provenance
+from qwen3model.serving import make_requests, run_variant, serve_bench_trace
+
+# 2: concurrency (peak/mean decode rows) moved from each row into its `result`.
+SCHEMA = "paged-serving/admission-sweep/2"
+# The trace flags a command line may override; the rest come from serve-bench's defaults.
+TRACE_FLAGS = (
+    "num_seqs",
+    "min_input_len",
+    "max_input_len",
+    "min_output_len",
+    "max_output_len",
+    "prefill_step",
+    "page_size",
 )
-CPU_DEFAULTS = dict(
-    model="synthetic:qwen3-small",
-    num_seqs=8,
-    min_input_len=64,
-    max_input_len=256,
-    min_output_len=16,
-    max_output_len=48,
-)
-
-
-class ConcurrencyProbe:
-    """A `StepModel` in front of a Qwen3Model that records how many rows every decode call has.
-
-    It forwards exactly what `qwen3model.serving.run_variant` uses.
-    """
-
-    def __init__(self, model) -> None:
-        self.model = model
-        self.decode_rows: list[int] = []
-
-    @property
-    def attention_mode(self):
-        return self.model.attention_mode
-
-    @attention_mode.setter
-    def attention_mode(self, mode) -> None:
-        self.model.attention_mode = mode
-
-    @property
-    def copied_bytes(self) -> int:
-        return self.model.copied_bytes
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.model.max_seq_len
-
-    def make_kv_storage(self, pool):
-        return self.model.make_kv_storage(pool)
-
-    def step(self, tokens: mx.array, metadata, kv) -> mx.array:
-        if metadata.query_len == 1:
-            self.decode_rows.append(sum(n > 0 for n in metadata.context_lens_host))
-        return self.model.step(tokens, metadata, kv)
 
 
 def token_bytes(model) -> int:
@@ -91,22 +55,12 @@ def dense_slots(budget_bytes: int, trace, model) -> int:
     return budget_bytes // (longest * token_bytes(model))
 
 
-def _run(probe: ConcurrencyProbe, variant: str, trace, requests, **engine) -> dict:
-    from qwen3model.serving import run_variant
-
-    probe.decode_rows.clear()
+def _run(model, variant: str, trace, requests, **engine) -> dict:
     try:
-        result = run_variant(probe, variant, trace, requests, **engine)
+        result = run_variant(model, variant, trace, requests, **engine)
     except RuntimeError as error:
         return {"status": "failed", "error": str(error)}
-    rows = probe.decode_rows
-    return {
-        "status": "ok",
-        "peak_decode_rows": max(rows, default=0),
-        "mean_decode_rows": sum(rows) / max(len(rows), 1),
-        "decode_calls": len(rows),
-        "result": dataclasses.asdict(result),
-    }
+    return {"status": "ok", "result": dataclasses.asdict(result)}
 
 
 def run_sweep(
@@ -125,12 +79,11 @@ def run_sweep(
             so a sweep cut short keeps what it measured).
 
     Returns:
-        One row per (budget, variant, policy) with the concurrency limit, the probe's decode
-        batch sizes and the `ServingResult` fields (or `status` "failed"/"does_not_fit").
+        One row per (budget, variant, policy) with the concurrency limit and the
+        `ServingResult` fields, concurrency included (or `status` "failed"/"does_not_fit").
     """
     page_bytes = trace.page_size * token_bytes(model)
     longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
-    probe = ConcurrencyProbe(model)
     rows: list[dict] = []
 
     def add(row: dict) -> None:
@@ -146,7 +99,7 @@ def run_sweep(
         common = {"budget_pages": pages, "budget_bytes": pages * page_bytes}
         paged_trace = dataclasses.replace(trace, batch_size=max_batch_size)
         for policy in ("reserve", "optimistic"):
-            run = _run(probe, "paged", paged_trace, requests, admission=policy, num_pages=pages)
+            run = _run(model, "paged", paged_trace, requests, admission=policy, num_pages=pages)
             add(
                 {
                     **common,
@@ -170,7 +123,7 @@ def run_sweep(
         add(
             {
                 **dense,
-                **_run(probe, "dense", dense_trace, requests, num_pages=slots * longest_pages),
+                **_run(model, "dense", dense_trace, requests, num_pages=slots * longest_pages),
             }
         )
     return rows
@@ -181,7 +134,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", choices=("cpu", "gpu"), default="gpu" if mx.cuda.is_available() else "cpu"
     )
-    parser.add_argument("--model", help="qwen3model source (default: qwen3-4b GPU, small CPU)")
+    parser.add_argument(
+        "--model",
+        help=f"qwen3model source (default: {DEFAULT_GPU_MODEL} GPU, {DEFAULT_CPU_MODEL} CPU)",
+    )
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--kernel-backend", default="native")
     parser.add_argument("--budgets", nargs="+", type=float, default=[1, 2, 4, 8])
@@ -191,10 +147,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default="requests",
         help="requests: multiples of one longest request's pages",
     )
-    for name in ("num-seqs", "min-input-len", "max-input-len", "min-output-len", "max-output-len"):
-        parser.add_argument(f"--{name}", type=int)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--prefill-step", type=int, default=128)
+    for name in TRACE_FLAGS:
+        flag = name.replace("_", "-")
+        parser.add_argument(f"--{flag}", type=int, help="default: as qwen3model serve-bench")
     parser.add_argument("--max-batch-size", type=int, help="cap on running requests (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed (as serve-bench)")
     parser.add_argument("--weights-seed", type=int, default=0)
@@ -226,30 +181,16 @@ def _document(args, model, trace, budgets: list[int], rows: list[dict], seconds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pageruntime import configure_logging
-    from qwen3model import load_model
-    from qwen3model.serving import Trace, make_requests, run_variant
-
     args = setup_arg_parser().parse_args(argv)
     configure_logging(args.log_format)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    defaults = GPU_DEFAULTS if args.device == "gpu" else CPU_DEFAULTS
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    on_gpu = args.device == "gpu"
+    args.model = args.model or (DEFAULT_GPU_MODEL if on_gpu else DEFAULT_CPU_MODEL)
+    overrides = {name: getattr(args, name) for name in TRACE_FLAGS}
+    trace = serve_bench_trace(on_gpu=on_gpu, seed=args.seed, **overrides)
     dtype = getattr(mx, args.dtype) if args.dtype else None
     model, _ = load_model(
         args.model, kernel_backend=args.kernel_backend, dtype=dtype, seed=args.weights_seed
-    )
-    trace = Trace(
-        num_seqs=args.num_seqs,
-        min_input_len=args.min_input_len,
-        max_input_len=args.max_input_len,
-        min_output_len=args.min_output_len,
-        max_output_len=args.max_output_len,
-        prefill_step=args.prefill_step,
-        page_size=args.page_size,
-        seed=args.seed,
     )
     requests = make_requests(trace, model.args.vocab_size)
     longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
@@ -296,7 +237,7 @@ def format_rows(rows: list[dict]) -> str:
         r = row["result"]
         lines.append(
             f"{row['budget_pages']:>6} {name:<26} {row['max_batch_size']:>4} "
-            f"{row['peak_decode_rows']:>9} {row['mean_decode_rows']:>9.2f} "
+            f"{r['peak_decode_rows']:>9} {r['mean_decode_rows']:>9.2f} "
             f"{r['output_tokens_per_s']:>10.1f} {r['requests_per_s']:>7.3f} "
             f"{r['preemptions']:>7} {r['peak_kv_bytes'] / 2**20:>11.1f}"
         )

@@ -28,7 +28,8 @@ from attention_report import aggregate, format_table, summary_rows
 from attention_worker import WorkerConfig, run_worker
 from attention_workload import ATTENTION_PATHS, TOLERANCE, Shape
 from batch_timer import GPU_L2_BYTES, METHOD
-from provenance import collect_provenance
+
+from qwen3model.provenance import collect_provenance
 
 SCHEMA = "paged-serving/attention-benchmark/1"
 PATHS = (*ATTENTION_PATHS, "write")

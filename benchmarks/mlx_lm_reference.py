@@ -26,7 +26,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import mlx.core as mx
-from provenance import collect_provenance
+
+from qwen3model.provenance import collect_provenance
 
 __all__ = ["build_model", "serve_trace"]
 

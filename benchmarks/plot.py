@@ -193,6 +193,11 @@ def _serving(documents: list[dict], out: Path, stem: str) -> list[Path]:
     return [_save(fig, out / f"{stem}-serving.png", title)]
 
 
+def _peak_decode_rows(row: dict) -> int:
+    # Schema 1 sweeps measured concurrency beside the result; schema 2 results carry it.
+    return row["result"].get("peak_decode_rows", row.get("peak_decode_rows"))
+
+
 def _admission(document: dict, out: Path, stem: str) -> list[Path]:
     series: dict[str, list[dict]] = defaultdict(list)
     for row in document["rows"]:
@@ -202,7 +207,7 @@ def _admission(document: dict, out: Path, stem: str) -> list[Path]:
     for name, rows in sorted(series.items()):
         rows.sort(key=lambda r: r["budget_pages"])
         budget_mib = [r["budget_bytes"] / 2**20 for r in rows]
-        left.plot(budget_mib, [r["peak_decode_rows"] for r in rows], marker="o", label=name)
+        left.plot(budget_mib, [_peak_decode_rows(r) for r in rows], marker="o", label=name)
         right.plot(
             budget_mib, [r["result"]["output_tokens_per_s"] for r in rows], marker="o", label=name
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from qwen3model import Tokenizer, load_model
 from qwen3model.cli import main, setup_arg_parser
+from qwen3model.serving import CPU_TRACE, GPU_TRACE, serve_bench_trace
 
 TINY = ["--model", "synthetic:qwen3-tiny"]
 
@@ -147,22 +149,25 @@ def test_chat_template_is_applied_by_default(capsys, tmp_path: Path) -> None:
     assert templated != raw and templated == raw_prompt
 
 
-def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
+def serve_bench(capsys, tmp_path: Path, *flags: str) -> tuple[str, dict]:
+    """Runs serve-bench on the tiny model; returns the printed table and the JSON document."""
     out_json = tmp_path / "bench.json"
-    status, out, err = run(
+    status, out, err = run(capsys, "serve-bench", *TINY, *flags, "--json-output", str(out_json))
+    assert status == 0, err
+    return out, json.loads(out_json.read_text())
+
+
+def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
+    out, document = serve_bench(
         capsys,
-        "serve-bench",
-        *TINY,
+        tmp_path,
         "--num-seqs", "5", "--batch-size", "2",
         "--min-input-len", "20", "--max-input-len", "70",
         "--min-output-len", "3", "--max-output-len", "9",
         "--prefill-step", "32", "--page-size", "8",
-        "--json-output", str(out_json),
     )  # fmt: skip
-    assert status == 0, err
     for text in ("dense", "gather", "paged", "decode tok/s", "bytes not copied vs dense"):
         assert text in out
-    document = json.loads(out_json.read_text())
     results = {r["variant"]: r for r in document["results"]}
     assert document["trace"]["num_seqs"] == 5
     assert results["paged"]["copied_bytes"] == 0
@@ -170,3 +175,37 @@ def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
     assert results["paged"]["output_tokens"] == results["dense"]["output_tokens"] >= 15
     assert results["paged"]["pages_reused"] > 0
     assert results["dense"]["peak_kv_bytes"] > 0 and results["paged"]["peak_kv_bytes"] > 0
+    for result in results.values():  # batch 2: at most 2 requests decode at once
+        assert result["peak_decode_rows"] == 2 and 1 < result["mean_decode_rows"] <= 2
+    context = document["context"]
+    assert context["compile_decode"] is False and context["admission"] == "reserve"
+    assert context["page_size"] == 8 and context["num_pages"] == 2 * -(-(70 + 9) // 8)
+    assert context["provenance"]["mlx_version"] == mx.__version__
+    assert context["provenance"]["device"] == context["device"]
+
+
+def test_serve_bench_labels_compiled_decode_and_records_the_engine(capsys, tmp_path: Path) -> None:
+    out, document = serve_bench(
+        capsys,
+        tmp_path,
+        "--variants", "paged", "gather", "--compile-decode",
+        "--num-seqs", "3", "--batch-size", "1", "--num-pages", "40",
+        "--admission", "optimistic",
+        "--min-input-len", "10", "--max-input-len", "20",
+        "--min-output-len", "2", "--max-output-len", "4",
+    )  # fmt: skip
+    assert "paged+compile" in out
+    assert [r["variant"] for r in document["results"]] == ["paged+compile", "gather"]
+    for result in document["results"]:  # batch 1: exactly one request per decode call
+        assert result["peak_decode_rows"] == 1 and result["mean_decode_rows"] == 1.0
+    context = document["context"]
+    assert context["compile_decode"] is True and context["num_pages"] == 40
+    assert context["admission"] == "optimistic"
+
+
+def test_serve_bench_trace_applies_only_the_given_overrides() -> None:
+    trace = serve_bench_trace(on_gpu=False, seed=3, num_seqs=2, page_size=None)
+    assert trace == dataclasses.replace(CPU_TRACE, num_seqs=2, seed=3)
+    assert serve_bench_trace(on_gpu=True) == GPU_TRACE
+    with pytest.raises(TypeError, match="num_requests"):
+        serve_bench_trace(on_gpu=True, num_requests=3)

@@ -7,6 +7,7 @@ from qwen3model.config import ModelArgs, QuantizationArgs
 from qwen3model.dense_baseline import DenseKVStore
 from qwen3model.loading import ModelNotFoundError, default_dtype, load_model, save_pretrained
 from qwen3model.model import Qwen3Model
+from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
 from qwen3model.tokenizer import StreamDecoder, Tokenizer
 
@@ -25,6 +26,7 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "build_synthetic",
+    "collect_provenance",
     "default_dtype",
     "load_model",
     "save_pretrained",

@@ -21,8 +21,9 @@ from qwen3model.attention import AttentionMode
 from qwen3model.config import QuantizationArgs
 from qwen3model.loading import DTYPES, load_model, save_pretrained
 from qwen3model.model import Qwen3Model
+from qwen3model.provenance import collect_provenance
 from qwen3model.report import render_table, write_json
-from qwen3model.serving import Trace, make_requests, run_variant
+from qwen3model.serving import CPU_TRACE, GPU_TRACE, make_requests, run_variant, serve_bench_trace
 from qwen3model.tokenizer import StreamDecoder, Tokenizer
 
 __all__ = [
@@ -36,17 +37,13 @@ __all__ = [
     "save_model",
     "select_device",
     "serve_bench",
+    "serve_bench_trace",
 ]
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_GPU_MODEL = "synthetic:qwen3-4b"
 DEFAULT_CPU_MODEL = "synthetic:qwen3-small"
-# The seed's serving trace (GPU default) and a smaller one that takes about a minute on 2 cores.
-GPU_TRACE = Trace()
-CPU_TRACE = Trace(
-    num_seqs=12, min_input_len=96, max_input_len=768, min_output_len=24, max_output_len=96
-)
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_BATCH_SIZE = 4
@@ -228,11 +225,7 @@ def serve_bench(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise UsageError("qwen3model serve-bench: error: --warmup must be >= 0 (see --help)")
     overrides = {name: getattr(args, name) for name in _TRACE_FLAGS}
-    trace = dataclasses.replace(
-        GPU_TRACE if _on_gpu() else CPU_TRACE,
-        **{name: value for name, value in overrides.items() if value is not None},
-        seed=args.seed,
-    )
+    trace = serve_bench_trace(on_gpu=_on_gpu(), seed=args.seed, **overrides)
     model, _ = _load(args, AttentionMode(args.variants[0]))
     requests = make_requests(trace, model.args.vocab_size)
     # Warm-up requests: the shortest prompt and 4 tokens, on a throw-away engine per variant.
@@ -280,8 +273,17 @@ def serve_bench(args: argparse.Namespace) -> int:
     )
     render_table(results, title=title)
     if args.json_output is not None:
-        context = {"model": source, "dtype": _dtype_name(model), "device": _device_name()}
-        context["kernel_backend"] = args.kernel_backend
+        context = {
+            "model": source,
+            "dtype": _dtype_name(model),
+            "device": _device_name(),
+            "kernel_backend": args.kernel_backend,
+            "compile_decode": model.compile_decode,
+            "page_size": trace.page_size,
+            "admission": args.admission,
+            "num_pages": trace.num_pages if args.num_pages is None else args.num_pages,
+            "provenance": collect_provenance(_device_name()),
+        }
         write_json(args.json_output, results, trace=trace, context=context)
     return 0
 

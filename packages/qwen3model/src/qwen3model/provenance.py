@@ -1,7 +1,7 @@
 """Where a benchmark result came from: host, processor, GPU, MLX version, commit, command line.
 
-Every results JSON written by the tools in `benchmarks/` carries this record, so a number can be
-traced back to the machine and the code that produced it.
+Every results JSON (`qwen3model serve-bench --json-output` and the tools in `benchmarks/`)
+carries this record, so a number can be traced back to the machine and the code that produced it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-__all__ = ["collect_provenance", "command_line"]
+__all__ = ["collect_provenance"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The commit is read where this package's source lives: the repository in an editable install.
+# Elsewhere (an installed wheel, a copy without .git) `$COMMIT` names it.
+_SOURCE_DIR = Path(__file__).resolve().parent
 
 
 def _run(args: list[str]) -> str | None:
@@ -50,14 +52,14 @@ def _gpu() -> dict[str, str] | None:
 
 
 def _commit() -> dict[str, str | bool | None]:
-    sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"])
+    sha = _run(["git", "-C", str(_SOURCE_DIR), "rev-parse", "HEAD"])
     if sha is None:
         return {"sha": os.environ.get("COMMIT"), "source": "COMMIT environment variable"}
-    dirty = _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"])
+    dirty = _run(["git", "-C", str(_SOURCE_DIR), "status", "--porcelain", "--untracked-files=no"])
     return {"sha": sha, "source": "git rev-parse HEAD", "dirty": dirty is not None}
 
 
-def command_line() -> str:
+def _command_line() -> str:
     """The command that started this process, quoted so it can be pasted into a shell."""
     return shlex.join([Path(sys.executable).name, *sys.argv])
 
@@ -70,7 +72,8 @@ def collect_provenance(device: str) -> dict[str, object]:
 
     Returns:
         A JSON-serialisable dict: host, platform, python, cpu, cpu_count, gpu (None without
-        nvidia-smi), mlx_version, cuda_available, device, commit, command, utc_time.
+        nvidia-smi), mlx_version, cuda_available, device, commit (sha from `git rev-parse HEAD`
+        in this package's repository, else `$COMMIT`, else None), command, utc_time.
     """
     return {
         "host": platform.node(),
@@ -83,6 +86,6 @@ def collect_provenance(device: str) -> dict[str, object]:
         "cuda_available": bool(mx.cuda.is_available()),
         "device": device,
         "commit": _commit(),
-        "command": command_line(),
+        "command": _command_line(),
         "utc_time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

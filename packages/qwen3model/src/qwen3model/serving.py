@@ -4,6 +4,7 @@ seed's paired serving runner (throughput, decode step times, KV memory, copies, 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,16 @@ from qwen3model.attention import AttentionMode
 from qwen3model.dense_baseline import DenseKVStore
 from qwen3model.model import Qwen3Model
 
-__all__ = ["ServingResult", "Trace", "TraceRequest", "make_requests", "run_variant"]
+__all__ = [
+    "CPU_TRACE",
+    "GPU_TRACE",
+    "ServingResult",
+    "Trace",
+    "TraceRequest",
+    "make_requests",
+    "run_variant",
+    "serve_bench_trace",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +77,23 @@ class Trace:
         return self.batch_size * -(-longest // self.page_size)
 
 
+# serve-bench's default traces: the seed's on the GPU, one that takes about a minute on 2 cores.
+GPU_TRACE = Trace()
+CPU_TRACE = Trace(
+    num_seqs=12, min_input_len=96, max_input_len=768, min_output_len=24, max_output_len=96
+)
+
+
+def serve_bench_trace(*, on_gpu: bool, seed: int = 0, **overrides: int | None) -> Trace:
+    """serve-bench's trace: `GPU_TRACE` or `CPU_TRACE`, with every override that is not None.
+
+    Raises:
+        TypeError: An override that is not a `Trace` field.
+    """
+    given = {name: value for name, value in overrides.items() if value is not None}
+    return dataclasses.replace(GPU_TRACE if on_gpu else CPU_TRACE, **given, seed=seed)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceRequest:
     """One request of a trace.
@@ -99,7 +126,8 @@ class ServingResult:
     """Measurements of one variant on one trace.
 
     Attributes:
-        variant: Attention path (`dense`, `gather`, `paged`).
+        variant: Attention path (`dense`, `gather`, `paged`); `paged+compile` when the paged
+            decode steps ran through `mx.compile` (`Qwen3Model.compile_decode`).
         num_requests: Requests served.
         prefill_tokens: Tokens prefilled (recomputation after preemption included).
         output_tokens: Tokens generated.
@@ -115,6 +143,8 @@ class ServingResult:
         pages_reused: Page allocations that reused a freed page.
         max_tail_waste_slots: Most empty slots in live tail pages seen after a call.
         preemptions: Requests preempted (optimistic admission only).
+        peak_decode_rows: Most requests in one decode call (running-request concurrency).
+        mean_decode_rows: Requests per decode call, averaged over the decode calls.
     """
 
     variant: str
@@ -132,6 +162,8 @@ class ServingResult:
     pages_reused: int
     max_tail_waste_slots: int
     preemptions: int
+    peak_decode_rows: int
+    mean_decode_rows: float
 
 
 class _TimedModel:
@@ -141,7 +173,7 @@ class _TimedModel:
         self.model = model
         self.prefill_s = 0.0
         self.decode_times: list[float] = []
-        self.decode_tokens = 0
+        self.decode_rows: list[int] = []  # live (unpadded) rows of each decode call
         self.max_tail_waste = 0
         self.pool: PagePool | None = None
         self.kv: KVStorage | None = None
@@ -162,7 +194,7 @@ class _TimedModel:
         elapsed = time.perf_counter() - start
         if metadata.query_len == 1:
             self.decode_times.append(elapsed)
-            self.decode_tokens += sum(n > 0 for n in metadata.context_lens_host)
+            self.decode_rows.append(sum(n > 0 for n in metadata.context_lens_host))
         else:
             self.prefill_s += elapsed
         assert self.pool is not None
@@ -226,15 +258,19 @@ def run_variant(
     else:
         page_bytes = timed.kv.nbytes // max(timed.kv.num_pages, 1)
         peak_kv = stats.pool.peak_live_pages * page_bytes
+    label = model.attention_mode.value
+    if model.compile_decode and model.attention_mode is AttentionMode.PAGED:
+        label += "+compile"
+    rows = timed.decode_rows
     return ServingResult(
-        variant=str(variant),
+        variant=label,
         num_requests=len(requests),
         prefill_tokens=stats.prefill_tokens,
         output_tokens=output_tokens,
         wall_s=wall,
         prefill_tokens_per_s=stats.prefill_tokens / max(timed.prefill_s, 1e-9),
         output_tokens_per_s=output_tokens / wall,
-        decode_tokens_per_s=timed.decode_tokens / max(sum(timed.decode_times), 1e-9),
+        decode_tokens_per_s=sum(rows) / max(sum(timed.decode_times), 1e-9),
         requests_per_s=len(requests) / wall,
         decode_step_ms=(
             statistics.median(decode_ms),
@@ -246,4 +282,6 @@ def run_variant(
         pages_reused=stats.pool.num_reused_allocations,
         max_tail_waste_slots=timed.max_tail_waste,
         preemptions=stats.preemptions,
+        peak_decode_rows=max(rows, default=0),
+        mean_decode_rows=statistics.fmean(rows) if rows else 0.0,
     )
