@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from pagepool import KVStorage, PagePool
@@ -78,9 +79,15 @@ def test_the_model_limit_ends_the_request_at_max_seq_len(make_engine) -> None:
 @pytest.mark.parametrize(
     ("prompt", "params", "admission", "match"),
     [
-        ([], None, "reserve", "one or more"),
-        ([1, -1], None, "reserve", "one or more"),
-        ([1, True], None, "reserve", "one or more"),
+        ([], None, "reserve", "prompt_ids is empty"),
+        ([1, -1], None, "reserve", r"prompt_ids\[1\]=-1 is not a token id"),
+        ([1, True], None, "reserve", r"prompt_ids\[1\]=True is not a token id"),
+        ([2.0], None, "reserve", r"prompt_ids\[0\]=2.0 is not a token id"),
+        ([3, 4, 61], None, "reserve", r"prompt_ids\[2\]=61 .* \[0, 61\) \(vocab_size=61\)"),
+        ([10**6], None, "reserve", r"prompt_ids\[0\]=1000000 is not a token id"),
+        ([5, 2**31], None, "reserve", r"prompt_ids\[1\]=2147483648 is not"),
+        ([np.int64(70)], None, "reserve", r"prompt_ids\[0\]=np.int64\(70\) is not"),
+        ([1], SamplingParams(stop_token_ids=[3, 61]), "reserve", r"stop_token_ids\[1\]=61"),
         ("abc", None, "reserve", "sequence of ints"),
         (list(range(40)), None, "reserve", "max_seq_len is 40"),
         (list(range(41)), None, "reserve", "max_seq_len is 40"),
@@ -91,6 +98,12 @@ def test_the_model_limit_ends_the_request_at_max_seq_len(make_engine) -> None:
         "empty-prompt",
         "negative-token",
         "bool-token",
+        "float-token",
+        "token-at-vocab-size",
+        "token-far-past-vocab",
+        "token-past-int32",
+        "numpy-token-past-vocab",
+        "stop-token-past-vocab",
         "string-prompt",
         "prompt-at-max-seq-len",
         "prompt-over-max-seq-len",
@@ -101,12 +114,13 @@ def test_the_model_limit_ends_the_request_at_max_seq_len(make_engine) -> None:
 def test_bad_requests_are_rejected_before_anything_is_allocated(
     make_engine, prompt, params, admission: str, match: str
 ) -> None:
-    engine = make_engine(ContextHashModel(max_seq_len=40), num_pages=8, admission=admission)
+    model = ContextHashModel(max_seq_len=40)
+    engine = make_engine(model, num_pages=8, admission=admission)
     with pytest.raises(RequestRejected, match=match):
         engine.add_request(prompt, params)
     assert not engine.has_unfinished()
     assert engine.step() == []
-    assert engine.pool.metrics().num_allocations == 0
+    assert engine.pool.metrics().num_allocations == 0 and model.calls == []
     with pytest.raises(RequestRejected, match=match):
         engine.stream(prompt, params)
     assert not engine.has_unfinished()
@@ -114,9 +128,19 @@ def test_bad_requests_are_rejected_before_anything_is_allocated(
 
 def test_a_prompt_may_be_any_iterable_of_ints(make_engine) -> None:
     engine = make_engine()
-    [from_range, from_list] = engine.generate([range(3, 9), [3, 4, 5, 6, 7, 8]])
-    assert from_range.output_ids == from_list.output_ids
-    assert from_range.prompt_ids == (3, 4, 5, 6, 7, 8)
+    [from_range, from_list, from_numpy] = engine.generate(
+        [range(3, 9), [3, 4, 5, 6, 7, 8], np.arange(3, 9)]
+    )
+    assert from_range.output_ids == from_list.output_ids == from_numpy.output_ids
+    assert from_range.prompt_ids == from_numpy.prompt_ids == (3, 4, 5, 6, 7, 8)
+    assert all(type(token) is int for token in from_numpy.prompt_ids)
+
+
+def test_the_whole_vocabulary_is_accepted(make_engine) -> None:
+    last = ContextHashModel.vocab_size - 1
+    params = SamplingParams(max_new_tokens=3, stop_token_ids=[0, last])
+    [output] = make_engine().generate([[0, last, 0]], params)
+    assert list(output.output_ids) == reference_output([0, last, 0], params, max_seq_len=256)
 
 
 def test_params_must_be_sampling_params(make_engine) -> None:
@@ -134,29 +158,44 @@ def test_generate_rejects_all_prompts_when_one_is_bad(make_engine) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "error", "match"),
     [
-        dict(num_pages=0),
-        dict(page_size=0),
-        dict(max_batch_size=0),
-        dict(prefill_step=0),
-        dict(num_pages=True),
-        dict(page_size=2.0),
-        dict(admission="lazy"),
+        (dict(num_pages=0), ValueError, "num_pages must be an int >= 1, got 0"),
+        (dict(page_size=0), ValueError, "page_size must be an int >= 1"),
+        (dict(max_batch_size=0), ValueError, "max_batch_size must be an int >= 1"),
+        (dict(prefill_step=0), ValueError, "prefill_step must be an int >= 1"),
+        (dict(num_pages=True), ValueError, "num_pages must be an int >= 1, got True"),
+        (dict(page_size=2.0), ValueError, "page_size must be an int >= 1, got 2.0"),
+        (dict(admission="lazy"), ValueError, "admission must be 'reserve' or 'optimistic'"),
+        (dict(sampler="argmax"), TypeError, "sampler must be callable, got str"),
+        (dict(max_seq_len=0), ValueError, "model.max_seq_len must be an int >= 1, got 0"),
+        (dict(vocab_size=0), ValueError, "model.vocab_size must be an int >= 1, got 0"),
+        (dict(vocab_size=2**31 + 1), ValueError, r"model.vocab_size must be <= 2\*\*31"),
     ],
-    ids=["no-pages", "zero-page-size", "zero-batch", "zero-prefill", "bool", "float", "policy"],
-)
-def test_engine_rejects_bad_sizes(kwargs: dict) -> None:
-    options = {"num_pages": 8, **kwargs}
-    with pytest.raises(ValueError):
-        Engine(ContextHashModel(), **options)
+    ids=["no-pages", "zero-page-size", "zero-batch", "zero-prefill", "bool", "float", "policy",
+         "sampler", "max-seq-len", "vocab-size", "vocab-past-int32"],
+)  # fmt: skip
+def test_engine_validates_every_argument_before_making_storage(
+    kwargs: dict, error: type, match: str
+) -> None:
+    model = ContextHashModel(max_seq_len=kwargs.pop("max_seq_len", 256))
+    model.vocab_size = kwargs.pop("vocab_size", model.vocab_size)
+    with pytest.raises(error, match=match):
+        Engine(model, **{"num_pages": 8, **kwargs})
+    assert model.storage is None  # make_kv_storage (which may allocate GBs) never ran
 
 
 def test_engine_checks_the_model() -> None:
-    with pytest.raises(TypeError, match="StepModel"):
+    with pytest.raises(TypeError, match=r"StepModel \(max_seq_len, vocab_size"):
         Engine(object(), num_pages=8)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_seq_len"):
-        Engine(ContextHashModel(max_seq_len=0), num_pages=8)
+
+    class NoVocabulary:
+        max_seq_len = 64
+        make_kv_storage = ContextHashModel.make_kv_storage
+        step = ContextHashModel.step
+
+    with pytest.raises(TypeError, match="got NoVocabulary"):
+        Engine(NoVocabulary(), num_pages=8)  # type: ignore[arg-type]
 
     class ForeignStorage(ContextHashModel):
         def make_kv_storage(self, pool: PagePool) -> KVStorage:

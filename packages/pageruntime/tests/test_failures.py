@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+import pageruntime.scheduler
+from pagepool import PageList
 from pageruntime import FinishReason, RequestFailed, SamplingParams
 from pageruntime.testing import FailingModel, FailingSampler, reference_output
 
@@ -28,6 +30,89 @@ def _assert_pool_empty(engine) -> None:
     pool = engine.pool
     assert pool.num_live == 0 and pool.num_free == pool.capacity
     assert all(pool.refcount(page_id) == 0 for page_id in range(pool.capacity))
+
+
+class PlanningExploded(RuntimeError):
+    """The failure injected while a step is being planned."""
+
+
+def _raising_on_call(n: int, function, calls: list):
+    """`function`, except that its `n`-th call (counted in `calls`) raises `PlanningExploded`."""
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == n:
+            raise PlanningExploded(f"call {n} exploded")
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    ("target", "n", "victim"),
+    [("append", 1, "a"), ("append", 2, "b"), ("append", 3, "c"), ("append", 4, "d"),
+     ("new-page-list", 1, "c"), ("new-page-list", 2, "d")],
+    ids=["decode-row-1", "decode-row-2", "first-chunk", "second-chunk", "admission-1",
+         "admission-2"],
+)  # fmt: skip
+def test_a_failure_while_planning_fails_that_request_only(
+    make_engine, monkeypatch: pytest.MonkeyPatch, target: str, n: int, victim: str
+) -> None:
+    engine = make_engine(prefill_step=12)
+    prompts = {"a": [1, 2, 3], "b": [4, 5, 6, 7, 8], "c": list(range(10, 20)), "d": [9, 9]}
+    ids = {name: engine.add_request(prompts[name], PARAMS) for name in "ab"}
+    aborted = engine.add_request([7] * 4, PARAMS)
+    events = engine.step()  # a and b prefill; the third one too, and is aborted below
+    ids |= {name: engine.add_request(prompts[name], PARAMS) for name in "cd"}
+    assert engine.abort(aborted)
+    # The planned step: decode rows a, b (appends 1, 2), admission of c, d (page lists 1, 2),
+    # prefill of c, d (appends 3, 4). The n-th of them raises.
+    calls: list = []
+    if target == "append":
+        monkeypatch.setattr(PageList, "append", _raising_on_call(n, PageList.append, calls))
+    else:
+        factory = _raising_on_call(n, PageList, calls)
+        monkeypatch.setattr(pageruntime.scheduler, "PageList", factory)
+    planned = engine.step()
+    monkeypatch.undo()
+    assert (planned[0].request_id, planned[0].finish_reason) == (aborted, FinishReason.ABORTED)
+    failed = [e for e in planned if e.finish_reason is FinishReason.FAILED]
+    assert [e.request_id for e in failed] == [ids[victim]]
+    assert isinstance(failed[0].error, PlanningExploded) and failed[0].token is None
+    pool = engine.pool
+    holders = sum(pool.refcount(page_id) for page_id in range(pool.capacity))
+    assert holders == pool.num_live == pool.capacity - pool.num_free
+    # Everything else is served as if nothing happened: its pages hold exactly its tokens.
+    events += planned
+    while engine.has_unfinished():
+        events += engine.step()
+    for name, request_id in ids.items():
+        tokens = [e.token for e in events if e.request_id == request_id and e.token is not None]
+        if name != victim:
+            assert tokens == reference_output(prompts[name], PARAMS, max_seq_len=256)
+    _assert_pool_empty(engine)
+    assert list(engine.generate([[4, 2]], PARAMS)[0].output_ids) == reference_output(
+        [4, 2], PARAMS, max_seq_len=256
+    )
+
+
+def test_aborts_are_still_reported_after_a_step_that_raised(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine()
+    request_id = engine.add_request([1, 2, 3], PARAMS)
+    engine.step()
+    assert engine.abort(request_id)
+    schedule = pageruntime.scheduler.Scheduler.schedule
+    monkeypatch.setattr(
+        pageruntime.scheduler.Scheduler, "schedule", _raising_on_call(1, schedule, [])
+    )
+    with pytest.raises(PlanningExploded):
+        engine.step()
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (request_id, FinishReason.ABORTED)
+    assert not engine.has_unfinished()
+    _assert_pool_empty(engine)
 
 
 def test_a_failing_decode_call_fails_its_rows_only(make_engine) -> None:
@@ -130,13 +215,18 @@ def test_a_failed_stream_raises_after_its_tokens(make_engine) -> None:
     _assert_pool_empty(engine)
 
 
-def test_a_model_returning_bad_logits_fails_its_requests(make_engine) -> None:
+@pytest.mark.parametrize(
+    ("reshape", "shape"),
+    [(lambda logits: logits[:, None], "(1, 1, 61)"), (lambda logits: logits[:, :-1], "(1, 60)")],
+    ids=["rank-3", "narrower-than-vocab"],
+)
+def test_a_model_returning_bad_logits_fails_its_requests(make_engine, reshape, shape) -> None:
     class WrongShape(FailingModel):
         def step(self, tokens, metadata, kv):
-            return super().step(tokens, metadata, kv)[:, None]
+            return reshape(super().step(tokens, metadata, kv))
 
     engine = make_engine(WrongShape(lambda md: False))
     [output] = engine.generate([[1, 2]], PARAMS)
     assert output.finish_reason is FinishReason.FAILED
-    assert "expected [1, vocab]" in str(output.error)
+    assert f"logits of shape {shape}, expected [1, 61] ([B, vocab_size])" in str(output.error)
     _assert_pool_empty(engine)

@@ -10,7 +10,7 @@ import operator
 import time
 from collections.abc import Iterable, Sequence
 
-from pagepool import KVStorage, PagePool
+from pagepool import KVStorage, PagePool, pages_for
 from pageruntime.errors import RequestRejected
 from pageruntime.events import emit
 from pageruntime.protocols import Sampler, StepModel
@@ -23,12 +23,15 @@ from pageruntime.stream import TokenStream
 
 __all__ = ["Engine"]
 
+_TOKEN_ID_LIMIT = 2**31  # token ids travel as int32
+
 
 class Engine:
     """Serves many requests at once on a fixed pool of KV pages.
 
     Args:
-        model: The model; the engine calls `model.make_kv_storage(pool)` once.
+        model: The model; the engine calls `model.make_kv_storage(pool)` once, after every
+            argument was validated.
         num_pages: KV pool capacity in pages (the memory cap), >= 1.
         page_size: Tokens per page, >= 1.
         max_batch_size: Most requests running at once (the decode batch), >= 1.
@@ -37,9 +40,10 @@ class Engine:
         sampler: Picks tokens from logits; `sample_tokens` by default.
 
     Raises:
-        ValueError: A size is not an int >= 1, or `admission` is unknown.
-        TypeError: `model` lacks the `StepModel` methods, or its storage is not a
-            `KVStorage` over the engine's pool.
+        ValueError: A size is not an int >= 1, `admission` is unknown, or the model's
+            `max_seq_len` is not an int >= 1 or its `vocab_size` not an int in [1, 2**31].
+        TypeError: `model` lacks the `StepModel` members, `sampler` is not callable, or the
+            model's storage is not a `KVStorage` over the engine's pool.
 
     An engine is not thread-safe: drive it (`step`, `stream`, `generate`) from one thread.
 
@@ -61,14 +65,29 @@ class Engine:
         admission: AdmissionPolicy | str = AdmissionPolicy.RESERVE,
         sampler: Sampler | None = None,
     ) -> None:
-        sizes = dict(num_pages=num_pages, page_size=page_size, max_batch_size=max_batch_size)
-        for name, value in {**sizes, "prefill_step": prefill_step}.items():
-            _check_positive_int(name, value)
+        # Everything is checked before `make_kv_storage`, which may allocate gigabytes.
+        _check_positive_int("num_pages", num_pages)
+        _check_positive_int("page_size", page_size)
+        _check_positive_int("max_batch_size", max_batch_size)
+        _check_positive_int("prefill_step", prefill_step)
+        if admission not in set(AdmissionPolicy):
+            raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
+        if sampler is not None and not callable(sampler):
+            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
         if not isinstance(model, StepModel):
-            raise TypeError(f"model must implement StepModel, got {type(model).__name__}")
+            raise TypeError(
+                "model must implement StepModel (max_seq_len, vocab_size, make_kv_storage, "
+                f"step), got {type(model).__name__}"
+            )
         _check_positive_int("model.max_seq_len", model.max_seq_len)
+        _check_positive_int("model.vocab_size", model.vocab_size)
+        if model.vocab_size > _TOKEN_ID_LIMIT:
+            raise ValueError(
+                f"model.vocab_size must be <= 2**31 (tokens are int32), got {model.vocab_size}"
+            )
         self._model = model
         self._max_seq_len = model.max_seq_len
+        self._vocab_size = model.vocab_size
         self._pool = PagePool(page_size, num_pages)
         self._kv = model.make_kv_storage(self._pool)
         if not isinstance(self._kv, KVStorage) or self._kv.pool is not self._pool:
@@ -78,10 +97,8 @@ class Engine:
             self._kv,
             sample_tokens if sampler is None else sampler,
             max_batch_size=max_batch_size,
-            max_row_pages=min(-(-self._max_seq_len // page_size), num_pages),
+            max_row_pages=min(pages_for(self._max_seq_len, page_size), num_pages),
         )
-        if admission not in set(AdmissionPolicy):
-            raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
         self._scheduler = Scheduler(
             self._pool,
             max_batch_size=max_batch_size,
@@ -117,8 +134,10 @@ class Engine:
             The request id (submission order, from 0).
 
         Raises:
-            RequestRejected: The prompt is empty, not ints >= 0, too long for the model, or
-                the request could never fit in the KV pool; nothing was queued.
+            RequestRejected: The prompt is empty, holds something other than token ids in
+                `[0, vocab_size)`, is too long for the model, a stop token is outside
+                `[0, vocab_size)`, or the request could never fit in the KV pool; nothing
+                was queued or allocated.
             TypeError: `params` is not a `SamplingParams`.
         """
         return self._submit(*self._validated(prompt_ids, params)).request_id
@@ -219,11 +238,13 @@ class Engine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Iterable):
             raise RequestRejected(f"prompt_ids must be a sequence of ints, got {prompt_ids!r}")
-        prompt = tuple(_as_token_id(token) for token in prompt_ids)
-        if not prompt or None in prompt:
-            raise RequestRejected(
-                f"prompt_ids must be one or more ints >= 0, got {prompt_ids!r:.80}"
-            )
+        prompt = tuple(
+            self._token_id(token, f"prompt_ids[{index}]") for index, token in enumerate(prompt_ids)
+        )
+        if not prompt:
+            raise RequestRejected("prompt_ids is empty; a request needs one or more tokens")
+        for index, token in enumerate(params.stop_token_ids):
+            self._token_id(token, f"stop_token_ids[{index}]")
         if len(prompt) >= self._max_seq_len:
             raise RequestRejected(
                 f"prompt has {len(prompt)} tokens but the model's max_seq_len is "
@@ -231,6 +252,16 @@ class Engine:
             )
         self._scheduler.check_admissible(len(prompt), params.max_new_tokens)
         return prompt, params
+
+    def _token_id(self, value: object, where: str) -> int:
+        """`value` as a token id of the model, or `RequestRejected` naming it and its index."""
+        token = None if isinstance(value, bool) else _as_int(value)
+        if token is None or not 0 <= token < self._vocab_size:
+            raise RequestRejected(
+                f"{where}={value!r:.40} is not a token id of the model: expected an int in "
+                f"[0, {self._vocab_size}) (vocab_size={self._vocab_size})"
+            )
+        return token
 
     def _submit(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> Request:
         request = Request(self._num_submitted, prompt_ids, params, max_seq_len=self._max_seq_len)
@@ -249,8 +280,9 @@ class Engine:
     def _step(self) -> tuple[list[TokenEvent], bool]:
         started = time.perf_counter()
         step = self._stats.steps
-        events, self._pending = self._pending, []
         plan = self._scheduler.schedule(step)
+        # Taken once planning returned: ends queued by `abort` are never lost to a failure.
+        events, self._pending = self._pending, []
         events += [self._ended(request) for request in plan.finished]
         if not plan.works:
             return events, False
@@ -318,12 +350,9 @@ def _check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def _as_token_id(value: object) -> int | None:
-    """`value` as a token id (an int >= 0, numpy integers included), or None."""
-    if isinstance(value, bool):
-        return None
+def _as_int(value: object) -> int | None:
+    """`value` as an int (numpy integers included), or None if it is not an integer."""
     try:
-        token = operator.index(value)  # type: ignore[arg-type]
+        return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         return None
-    return token if token >= 0 else None

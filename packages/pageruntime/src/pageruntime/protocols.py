@@ -22,10 +22,15 @@ class StepModel(Protocol):
 
     Attributes:
         max_seq_len: Most tokens (prompt plus output) one request may hold.
+        vocab_size: Token ids are in `[0, vocab_size)`; the width of the logits `step`
+            returns. The engine rejects prompts and stop tokens outside it.
     """
 
     @property
     def max_seq_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def make_kv_storage(self, pool: PagePool) -> KVStorage:
         """The K/V page arrays for `pool` (one pair per layer); the engine owns them."""
@@ -43,7 +48,7 @@ class StepModel(Protocol):
             kv: The storage to read and write (through `kv.update_layer`).
 
         Returns:
-            `[B, vocab]` logits of the last position of every row.
+            `[B, vocab_size]` logits of the last position of every row.
         """
         ...
 

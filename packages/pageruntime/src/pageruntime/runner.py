@@ -1,8 +1,10 @@
 """`StepRunner`: turns a step plan into model calls, samples, and one host synchronisation.
 
 The decode rows share one call, padded with empty rows to a batch-size bucket; each prefill
-chunk is one call of a single row. Block tables are padded to a power-of-two width, so a
-model compiled per shape sees few shapes. A call that raises fails only its own requests.
+chunk is one call of a single row. Batch sizes and block-table widths are rounded up to a
+power of two, capped at the largest value they can take (`max_batch_size`, and the pages of
+the longest possible request or the whole pool), so a model compiled per shape sees few
+shapes. A call that raises fails only its own requests.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class StepRunner:
         self._sampler = sampler
         self._max_batch_size = max_batch_size
         self._max_row_pages = max_row_pages
+        self._vocab_size = model.vocab_size  # the logits width every call must return
 
     def run(self, plan: StepPlan, step: int) -> StepOutcome:
         """Copy-on-write copies, the decode call, each prefill call, then one evaluation."""
@@ -83,8 +86,10 @@ class StepRunner:
         try:
             token_ids = self._evaluate([tokens for _, tokens in sampled])
         except Exception as error:
-            # The step's storage arrays may be unusable: go back to the previous step's arrays.
-            # Every request that wrote this step fails, so none of the pages it wrote survive.
+            # The step's output arrays failed to evaluate: go back to the array objects the
+            # step started from. That restores usable arrays, not data: an in-place write_kv
+            # (and any copy-on-write copy) changed those same buffers. This is harmless: only
+            # pages owned by this step's requests were written, and they all fail and free them.
             for layer, (keys, values) in enumerate(zip(*kv_before, strict=True)):
                 self._kv.update_layer(layer, keys, values)
             outcome.failures.append(([work.request for work in plan.works], error))
@@ -98,18 +103,18 @@ class StepRunner:
         L = len(works[0].token_ids)
         B = _bucket(len(works), self._max_batch_size)
         padding = B - len(works)
-        rows = [work.request.page_list for work in works]
-        widest = max(len(pages.page_ids) for pages in rows if pages is not None)
+        widest = max(work.request.num_pages for work in works)
         metadata = BatchMetadata.build(
-            rows + [None] * padding,
+            [work.request.page_list for work in works] + [None] * padding,
             query_len=L,
             max_pages=_bucket(widest, self._max_row_pages),
         )
         tokens = mx.array([work.token_ids for work in works] + [(0,) * L] * padding, mx.int32)
         logits = self._model.step(tokens, metadata, self._kv)
-        if logits.ndim != 2 or logits.shape[0] != B:
+        if tuple(logits.shape) != (B, self._vocab_size):
             raise ValueError(
-                f"model.step returned logits of shape {tuple(logits.shape)}, expected [{B}, vocab]"
+                f"model.step returned logits of shape {tuple(logits.shape)}, expected "
+                f"[{B}, {self._vocab_size}] ([B, vocab_size])"
             )
         if is_prefill:
             request = works[0].request

@@ -6,9 +6,11 @@ slots, and is the only place where a request's pages are released. It never touc
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pagepool import PageCopy, PageList, PagePool
@@ -110,11 +112,11 @@ class Scheduler:
     def check_admissible(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise `RequestRejected` if such a request could never run, even in an empty pool."""
         if self._admission is AdmissionPolicy.RESERVE:
-            needed = self._pages_for(self._kv_limit(num_prompt_tokens, max_new_tokens))
+            needed = self._pool.pages_for(self._kv_limit(num_prompt_tokens, max_new_tokens))
             what = f"prompt ({num_prompt_tokens}) plus max_new_tokens ({max_new_tokens})"
             hint = "lower max_new_tokens, add pages, or use admission='optimistic'"
         else:
-            needed = self._pages_for(num_prompt_tokens)
+            needed = self._pool.pages_for(num_prompt_tokens)
             what = f"its prompt ({num_prompt_tokens} tokens)"
             hint = "add pages or shorten the prompt"
         if needed > self._pool.capacity:
@@ -131,11 +133,15 @@ class Scheduler:
         """Plan a step: decode rows first, then admission, then prefill chunks under budget.
 
         Pages for every planned token are appended here; a request that does not fit makes
-        room by preemption (optimistic policy) or fails if it outgrew the whole pool.
+        room by preemption (optimistic policy) or fails if it outgrew the whole pool. If
+        planning a request raises, that request alone fails (its pages are released and it
+        is in `plan.finished` with the error); the others are planned as usual.
         """
         plan = StepPlan()
         for request in [r for r in self._running if r.state is RequestState.DECODE]:
-            if request.state is RequestState.DECODE:  # not preempted by an earlier row
+            if request.state is not RequestState.DECODE:  # preempted by an earlier row
+                continue
+            with self._failing_alone(request, plan, step):
                 work = self._plan_tokens(request, (request.output_ids[-1],), True, plan, step)
                 if work is not None:
                     plan.decode.append(work)
@@ -146,13 +152,14 @@ class Scheduler:
                 break
             if request.state is not RequestState.PREFILL:
                 continue
-            start = request.num_computed
-            stop = min(request.prefill_len, start + budget)
-            last = stop == request.prefill_len
-            work = self._plan_tokens(request, request.token_ids(start, stop), last, plan, step)
-            if work is not None:
-                plan.prefill.append(work)
-                budget -= stop - start
+            with self._failing_alone(request, plan, step):
+                start = request.num_computed
+                stop = min(request.prefill_len, start + budget)
+                last = stop == request.prefill_len
+                work = self._plan_tokens(request, request.token_ids(start, stop), last, plan, step)
+                if work is not None:
+                    plan.prefill.append(work)
+                    budget -= stop - start
         return plan
 
     def finish(
@@ -201,27 +208,32 @@ class Scheduler:
         """Admit waiting requests in order while they fit (head-of-line blocking)."""
         while self._waiting and len(self._running) < self._max_batch_size:
             request = self._waiting[0]
-            if not self._fits(request):
-                if not self._running:  # alone in an empty pool and still too big
+            with self._failing_alone(request, plan, step):
+                if self._fits(request):
+                    self._start(request, step)
+                elif self._running:
+                    return
+                else:  # alone in an empty pool and still too big
                     self._fail_too_big(request, request.num_tokens, plan, step)
-                    continue
-                return
-            self._waiting.popleft()
-            request.state = RequestState.PREFILL
-            request.page_list = PageList(self._pool)
-            request.prefill_len = request.num_tokens
-            request.admission_seq = self._num_admissions
-            self._num_admissions += 1
-            self._running.append(request)
-            emit(
-                "request_admitted",
-                request,
-                step,
-                num_tokens=request.prefill_len,
-                num_pages=self._pages_for(request.prefill_len),
-                num_free_pages=self._pool.num_free,
-                resumed=request.num_preemptions > 0,
-            )
+
+    def _start(self, request: Request, step: int) -> None:
+        """Move the head of the queue to the running set, with an empty page list."""
+        self._waiting.popleft()
+        request.state = RequestState.PREFILL
+        request.page_list = PageList(self._pool)
+        request.prefill_len = request.num_tokens
+        request.admission_seq = self._num_admissions
+        self._num_admissions += 1
+        self._running.append(request)
+        emit(
+            "request_admitted",
+            request,
+            step,
+            num_tokens=request.prefill_len,
+            num_pages=self._pool.pages_for(request.prefill_len),
+            num_free_pages=self._pool.num_free,
+            resumed=request.num_preemptions > 0,
+        )
 
     def _fits(self, request: Request) -> bool:
         if self._admission is AdmissionPolicy.RESERVE:
@@ -229,11 +241,11 @@ class Scheduler:
             return reserved + self._reservation(request) <= self._pool.capacity
         # Pages that admitted prefills have yet to take are promised already.
         promised = sum(
-            self._pages_for(r.prefill_len) - r.num_pages
+            self._pool.pages_for(r.prefill_len) - r.num_pages
             for r in self._running
             if r.state is RequestState.PREFILL
         )
-        return self._pages_for(request.num_tokens) <= self._pool.num_free - promised
+        return self._pool.pages_for(request.num_tokens) <= self._pool.num_free - promised
 
     def _plan_tokens(
         self,
@@ -256,8 +268,8 @@ class Scheduler:
             if victim is request and len(self._running) == 1:
                 self._fail_too_big(request, request.num_computed + len(token_ids), plan, step)
                 return None
+            plan.drop(victim)  # first, so a failing preemption leaves no work for it
             self.preempt(victim, step)
-            plan.drop(victim)
             if victim is request:
                 return None
         appended = page_list.append(len(token_ids))
@@ -268,22 +280,31 @@ class Scheduler:
             samples=samples,
         )
 
+    @contextlib.contextmanager
+    def _failing_alone(self, request: Request, plan: StepPlan, step: int) -> Iterator[None]:
+        """Fail `request` (and nothing else) if planning it raises; the step goes on."""
+        try:
+            yield
+        except Exception as error:
+            self._fail(request, error, plan, step)
+
     def _fail_too_big(self, request: Request, num_tokens: int, plan: StepPlan, step: int) -> None:
         error = KVCapacityExceeded(
-            request.request_id, self._pages_for(num_tokens), self._pool.capacity
+            request.request_id, self._pool.pages_for(num_tokens), self._pool.capacity
         )
+        self._fail(request, error, plan, step)
+
+    def _fail(self, request: Request, error: Exception, plan: StepPlan, step: int) -> None:
+        """End a request during planning; the engine reports it from `plan.finished`."""
         self.finish(request, FinishReason.FAILED, step, error)
         plan.finished.append(request)
 
     def _reservation(self, request: Request) -> int:
         """Pages a request can ever hold under the reserve policy."""
-        return self._pages_for(
+        return self._pool.pages_for(
             self._kv_limit(len(request.prompt_ids), request.params.max_new_tokens)
         )
 
     def _kv_limit(self, num_prompt_tokens: int, max_new_tokens: int) -> int:
         # The last output token is never fed back, so its K/V is never written.
         return min(num_prompt_tokens + max_new_tokens, self._max_seq_len) - 1
-
-    def _pages_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self._pool.page_size)

@@ -66,10 +66,17 @@ class ContextHashModel:
     `metadata.block_table` and `metadata.context_lens`. Unused storage is NaN, so reading a
     slot that was never written corrupts the hash.
 
+    Args:
+        max_seq_len: The model's limit on prompt plus output tokens.
+        num_layers: K/V page array pairs in its storage.
+
     Attributes:
+        vocab_size: `VOCAB_SIZE`; token ids are in `[0, VOCAB_SIZE)`.
         calls: `(B, L, max_pages)` of every call, in order.
         storage: The storage made by the latest `make_kv_storage`.
     """
+
+    vocab_size = VOCAB_SIZE
 
     def __init__(self, *, max_seq_len: int = 256, num_layers: int = 2) -> None:
         self.max_seq_len = max_seq_len
@@ -78,6 +85,7 @@ class ContextHashModel:
         self.storage: KVStorage | None = None
 
     def make_kv_storage(self, pool: PagePool) -> KVStorage:
+        """float32 storage of `num_layers` layers, one head of one dim, poisoned with NaN."""
         self.storage = KVStorage(
             pool,
             num_layers=self.num_layers,
@@ -89,6 +97,16 @@ class ContextHashModel:
         return self.storage
 
     def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+        """Write the tokens, read every row's context back, and score its hash.
+
+        Args:
+            tokens: int32 `[B, L]`, the new tokens of each row.
+            metadata: The call's page tables.
+            kv: The storage to write and read.
+
+        Returns:
+            float32 `[B, VOCAB_SIZE]` logits, highest (0) at each row's `context_hash`.
+        """
         B, L = tokens.shape
         self.calls.append((B, L, metadata.max_pages))
         for layer in range(kv.num_layers):
@@ -132,12 +150,19 @@ class FailingModel(ContextHashModel):
         fail_when: Predicate on the call's metadata (host fields only).
         lazy: Fail at evaluation instead of raising in `step` (the logits depend on an
             inverse of a singular matrix, which raises only when evaluated).
+        max_seq_len: As `ContextHashModel`.
+        num_layers: As `ContextHashModel`.
     """
 
     def __init__(
-        self, fail_when: Callable[[BatchMetadata], bool], *, lazy: bool = False, **kwargs
+        self,
+        fail_when: Callable[[BatchMetadata], bool],
+        *,
+        lazy: bool = False,
+        max_seq_len: int = 256,
+        num_layers: int = 2,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(max_seq_len=max_seq_len, num_layers=num_layers)
         self.fail_when = fail_when
         self.lazy = lazy
         self.num_failures = 0
