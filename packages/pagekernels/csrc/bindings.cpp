@@ -18,9 +18,8 @@ NB_MODULE(_ext, m) {
   m.doc() =
       "MLX custom primitives for paged attention (CPU kernels; CUDA kernels when built with "
       "PAGEKERNELS_CUDA=1).\n\n"
-      "Shape letters: B batch rows, Hq query heads, Hkv key/value heads (Hq % Hkv == 0), "
-      "L query length, S dense key length, D head dim, P physical pages, ps page size, "
-      "T new tokens. Page storage is [P, Hkv, ps, D]; slot = page_id * ps + offset.";
+      "Shape letters as defined in help(pagekernels). Page storage is [P, Hkv, ps, D]; "
+      "slot = page_id * ps + offset.";
 
 #ifdef PAGEKERNELS_WITH_CUDA
   m.attr("with_cuda") = true;

@@ -1,7 +1,7 @@
 // The five pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
 //
-// Shape letters: B batch rows, Hq query heads, Hkv K/V heads (Hq % Hkv == 0), L query length,
-// S dense key length, D head dim, P physical pages, ps page size, T new tokens.
+// Shape letters (B, Hq, Hkv, L, S, D, P, ps, T) as defined in the pagekernels package docstring
+// (src/pagekernels/__init__.py) and the README.
 // Every op validates ranks, shapes and dtypes here (std::invalid_argument -> ValueError) and never
 // reads array values: value checks (page ids, padding, coverage) belong to the host metadata
 // builders. Every op is lazy like any MLX op.

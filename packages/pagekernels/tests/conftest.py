@@ -1,4 +1,5 @@
-"""Fixtures of the pagekernels tests: devices, tolerances, NaN-poisoned paged inputs.
+"""Fixtures of the pagekernels tests: devices, the oracle tolerances, NaN-poisoned paged
+inputs, the rejection check.
 
 Helpers are handed out as fixtures (pytest runs in importlib mode, so test modules cannot import
 each other).
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-TOL = {mx.float32: 1e-5, mx.float16: 2e-2, mx.bfloat16: 2e-2}
+import pagekernels
+from pagekernels.reference import TOLERANCE
+
 POISON = float("nan")
 
 # The GPU joins only where MLX has one (the H200 runs this same suite).
@@ -41,7 +45,7 @@ def device(request: pytest.FixtureRequest) -> mx.Device:
 def _assert_close(actual: mx.array, expected: mx.array, *, tol: float | None = None) -> None:
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    tol = TOL[expected.dtype] if tol is None else tol
+    tol = TOLERANCE[expected.dtype] if tol is None else tol
     a = np.array(actual.astype(mx.float32))
     e = np.array(expected.astype(mx.float32))
     assert np.isfinite(a).all(), "output holds NaN/inf (poisoned storage was read?)"
@@ -50,9 +54,21 @@ def _assert_close(actual: mx.array, expected: mx.array, *, tol: float | None = N
 
 @pytest.fixture
 def assert_close() -> Callable[..., None]:
-    """`assert_close(actual, expected, *, tol=TOL[dtype])`: same shape, dtype, finite values
-    within `tol` (absolute and relative)."""
+    """`assert_close(actual, expected, *, tol=TOLERANCE[dtype])`: same shape, dtype, finite
+    values within `tol` (absolute and relative; `pagekernels.reference.TOLERANCE` by default)."""
     return _assert_close
+
+
+def _assert_rejected(op: str, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=rf"^\[{op}\] " + match):
+        getattr(pagekernels, op)(**kwargs)
+
+
+@pytest.fixture
+def assert_rejected() -> Callable[[str, dict[str, Any], str], None]:
+    """`assert_rejected(op, kwargs, match)`: `pagekernels.<op>(**kwargs)` raises a ValueError
+    whose message is `[op] ` followed by the regex `match`."""
+    return _assert_rejected
 
 
 def _poison_allocator(shape: Sequence[int], dtype: mx.Dtype) -> None:

@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import textwrap
+import types
 
 import pytest
 
 import pagekernels
-from pagekernels import KernelBackend, available_backends, get_backend
-from pagekernels.native import NativeBackend
-from pagekernels.reference import ReferenceBackend
+from pagekernels import KernelBackend, ModuleBackend, available_backends, get_backend
 
 OPS = ["paged_attention", "write_kv", "gather_kv", "dense_attention", "quantized_embedding"]
 
 
-@pytest.mark.parametrize(
-    ("name", "cls"), [("native", NativeBackend), ("reference", ReferenceBackend)], ids=str
-)
-def test_shipped_backends_are_found_by_name(name, cls):
+@pytest.mark.parametrize("name", ["native", "reference"])
+def test_shipped_backends_are_found_by_name(name):
     backend = get_backend(name)
-    assert isinstance(backend, cls)
+    module = importlib.import_module(f"pagekernels.{name}")
+    assert isinstance(backend, ModuleBackend)
     assert backend.name == name
     assert name in available_backends()
+    for op in OPS:  # the backend's ops are its module's functions
+        assert getattr(backend, op) is getattr(module, op)
+
+
+def test_module_backend_needs_every_op():
+    partial = types.ModuleType("partial")
+    partial.paged_attention = pagekernels.paged_attention
+    with pytest.raises(AttributeError, match="write_kv"):
+        ModuleBackend("partial", partial)
 
 
 @pytest.mark.parametrize("name", ["native", "reference"])
@@ -54,12 +62,14 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
     (tmp_path / "thirdkernels.py").write_text(
         textwrap.dedent(
             """
-            from pagekernels.reference import ReferenceBackend
+            import sys
 
-            class ThirdBackend(ReferenceBackend):
-                name = "third"
+            from pagekernels import ModuleBackend
+            from pagekernels.reference import (
+                dense_attention, gather_kv, paged_attention, quantized_embedding, write_kv,
+            )
 
-            backend = ThirdBackend()
+            backend = ModuleBackend("third", sys.modules[__name__])
             """
         )
     )
@@ -75,12 +85,21 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
     assert "third" in available_backends()
     backend = get_backend("third")
     assert backend.name == "third"
-    assert type(backend).__module__ == "thirdkernels"
+    assert backend.module.__name__ == "thirdkernels"
 
 
 def test_public_api():
     assert sorted(pagekernels.__all__) == sorted(
-        [*OPS, "KernelBackend", "available_backends", "get_backend", "validate_paged_metadata",
-         "with_cuda"]
+        [*OPS, "KernelBackend", "ModuleBackend", "__version__", "available_backends",
+         "get_backend", "validate_paged_metadata", "with_cuda"]
     )  # fmt: skip
     assert isinstance(pagekernels.with_cuda, bool)
+    assert pagekernels.__version__ == importlib.metadata.version("pagekernels")
+
+
+@pytest.mark.parametrize("module", ["backend", "native", "reference", "validation"])
+def test_modules_declare_all(module):
+    namespace = importlib.import_module(f"pagekernels.{module}")
+    assert namespace.__all__, module
+    for name in namespace.__all__:
+        assert hasattr(namespace, name), (module, name)

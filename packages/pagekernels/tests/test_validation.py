@@ -107,3 +107,8 @@ def test_explicit_sharing_across_rows_is_allowed():
     validate_paged_metadata(
         [[1, -1], [1, 2]], [3, 6], query_len=1, page_size=4, num_pages=6, allow_shared_pages=True
     )
+
+
+def test_a_batch_of_empty_rows_is_valid():
+    """Unlike pagepool's BatchMetadata: the kernels return zeros for rows with no keys."""
+    validate_paged_metadata([[-1], [-1]], [0, 0], query_len=1, page_size=4, num_pages=6)

@@ -16,6 +16,7 @@
 #include "cuda/merge_splits.cuh"
 #include "cuda/split_plan.h"
 #include "cuda/tuning.h"
+#include "kernels/gpu_limits.h"
 
 namespace pagekernels::cuda {
 
@@ -65,7 +66,7 @@ template <typename T, typename KV>
 KernelChoice<T, KV> simt_kernel(int head_dim, int rows) {
   if (head_dim <= 64) return simt_choice_for_rows<T, 64, KV>(rows);
   if (head_dim <= 128) return simt_choice_for_rows<T, 128, KV>(rows);
-  return simt_choice_for_rows<T, 256, KV>(rows);
+  return simt_choice_for_rows<T, kGpuMaxHeadDim, KV>(rows);
 }
 
 template <typename T, int kHeadDim, int kWarpsQ, int kWarpsKV, int kMTiles, int kStages,
@@ -105,11 +106,13 @@ inline MmaLayout prefill_layout(int rows) {
   return rows > 64 ? MmaLayout::kPrefill128 : MmaLayout::kPrefill64;
 }
 
+// The op functions reject these head dims for GPU streams (ops/checks.h); this guards eval_gpu.
 inline void check_head_dim(std::string_view op, int head_dim) {
-  if (head_dim % 8 != 0 || head_dim > 256) {
+  if (!gpu_supports_head_dim(head_dim)) {
     throw std::invalid_argument("[" + std::string(op) +
                                 "] the CUDA kernels support head dims that are multiples of 8 "
-                                "up to 256, got D=" + std::to_string(head_dim));
+                                "up to " + std::to_string(kGpuMaxHeadDim) +
+                                ", got D=" + std::to_string(head_dim));
   }
 }
 

@@ -1,5 +1,6 @@
-// Shapes the CUDA attention kernels take. The op functions check them for GPU streams, so a bad
-// head dim fails at the op boundary (ValueError), not at eval time; the CPU kernels take any D.
+// Shapes the CUDA attention kernels take, the one rule for both sides: the op functions check
+// them for GPU streams, so a bad head dim fails at the op boundary (ValueError), not at eval
+// time, and the CUDA launchers size their kernels by them. The CPU kernels take any D.
 #pragma once
 
 namespace pagekernels {

@@ -1,22 +1,31 @@
 """The `KernelBackend` interface and its registry (entry-point group `pagekernels.backends`).
 
-`native` (compiled kernels) and `reference` (readable `mlx.core`) ship with this package; any
-installed distribution can add one by declaring an entry point in that group whose object
-implements `KernelBackend`.
+`native` (compiled kernels) and `reference` (readable `mlx.core`) ship with this package, each a
+`ModuleBackend` over its module's functions; any installed distribution can add one by
+declaring an entry point in that group whose object implements `KernelBackend`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from types import ModuleType
 from typing import Literal, Protocol
 
 import mlx.core as mx
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KernelBackend",
+    "ModuleBackend",
+    "available_backends",
+    "get_backend",
+]
 
 ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The five kernel ops the model calls (shape letters as in `pagekernels.native`)."""
+    """The five kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -87,6 +96,41 @@ class KernelBackend(Protocol):
     ) -> mx.array:
         """Integer indices `[...]` of an `mx.quantize`d table -> `[..., dims]` (scales' dtype)."""
         ...
+
+
+class ModuleBackend:
+    """A `KernelBackend` whose ops are the module-level functions of the same names.
+
+    Args:
+        name: The registry name (`KernelBackend.name`).
+        module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
+            `dense_attention` and `quantized_embedding` with the protocol's signatures.
+
+    Raises:
+        AttributeError: If `module` lacks one of the five ops.
+    """
+
+    __slots__ = (
+        "dense_attention",
+        "gather_kv",
+        "module",
+        "name",
+        "paged_attention",
+        "quantized_embedding",
+        "write_kv",
+    )
+
+    def __init__(self, name: str, module: ModuleType) -> None:
+        self.name = name
+        self.module = module
+        self.paged_attention = module.paged_attention
+        self.write_kv = module.write_kv
+        self.gather_kv = module.gather_kv
+        self.dense_attention = module.dense_attention
+        self.quantized_embedding = module.quantized_embedding
+
+    def __repr__(self) -> str:
+        return f"ModuleBackend({self.name!r}, {self.module.__name__})"
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:

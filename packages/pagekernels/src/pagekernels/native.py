@@ -1,22 +1,34 @@
 """The compiled kernels: typed wrappers over the `_ext` custom primitives (the `native` backend).
 
-Shape letters: B batch rows, Hq query heads, Hkv key/value heads (Hq % Hkv == 0), L query
-length, S dense key length, D head dim, P physical pages, ps page size, T new tokens. Every op
-is lazy like any MLX op and checks ranks, shapes and dtypes (ValueError); it never reads array
-values, so per-step metadata values are checked on the host (`validate_paged_metadata`).
+Shape letters as in `pagekernels`. Every op is lazy like any MLX op and checks ranks, shapes
+and dtypes (ValueError); it never reads array values, so per-step metadata values are checked
+on the host (`validate_paged_metadata`).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 import mlx.core as mx
 
 from pagekernels import _ext
+from pagekernels.backend import ModuleBackend
+
+__all__ = [
+    "backend",
+    "dense_attention",
+    "gather_kv",
+    "paged_attention",
+    "quantized_embedding",
+    "with_cuda",
+    "write_kv",
+]
 
 StreamOrDevice = mx.Stream | mx.Device | None
 
-#: True when this build carries the CUDA kernels (built with PAGEKERNELS_CUDA=1).
+#: True when this build carries the CUDA kernels (built with PAGEKERNELS_CUDA=1). A fact of
+#: the compiled `_ext`, fixed at build time: a plain bool, not a function or a setting.
 with_cuda: bool = _ext.with_cuda
 
 
@@ -204,16 +216,5 @@ def quantized_embedding(
     )
 
 
-class NativeBackend:
-    """`KernelBackend` backed by the compiled custom primitives."""
-
-    name = "native"
-    paged_attention = staticmethod(paged_attention)
-    write_kv = staticmethod(write_kv)
-    gather_kv = staticmethod(gather_kv)
-    dense_attention = staticmethod(dense_attention)
-    quantized_embedding = staticmethod(quantized_embedding)
-
-
 #: The `native` entry point of the `pagekernels.backends` group.
-backend = NativeBackend()
+backend = ModuleBackend("native", sys.modules[__name__])

@@ -1,15 +1,35 @@
 """The readable `mlx.core` equation of every op (the `reference` backend and the tests' oracle).
 
-Same signatures and semantics as `pagekernels.native`, written for clarity, not speed: paged
-attention gathers K/V through the block table with MLX indexing and runs masked float32 softmax
-attention on the dense result.
+Same signatures and semantics as `pagekernels.native` (shape letters as in `pagekernels`),
+written for clarity, not speed: paged attention gathers K/V through the block table with MLX
+indexing and runs masked float32 softmax attention on the dense result. Like the native ops,
+these never read array values on the host, so they run inside `mx.compile` and cost no device
+sync per layer. `TOLERANCE` is how close another implementation must come to them.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 import mlx.core as mx
+
+from pagekernels.backend import ModuleBackend
+
+__all__ = [
+    "TOLERANCE",
+    "backend",
+    "dense_attention",
+    "gather_kv",
+    "paged_attention",
+    "quantized_embedding",
+    "write_kv",
+]
+
+#: The oracle tolerances: an implementation matches these equations when its output, in the
+#: output dtype, is within this absolute and relative tolerance of theirs (scores and softmax
+#: run in float32 either way; float16/bfloat16 differ by their rounding of inputs and outputs).
+TOLERANCE: dict[mx.Dtype, float] = {mx.float32: 1e-5, mx.float16: 2e-2, mx.bfloat16: 2e-2}
 
 
 def gather_kv(
@@ -112,25 +132,23 @@ def write_kv(
 ) -> tuple[mx.array, mx.array]:
     """Pages with token t's K/V at slot `slot_mapping[t]`; see `pagekernels.native.write_kv`.
 
-    Functional: returns new arrays and leaves the inputs untouched (reads `slot_mapping` on the
-    host to drop negative and out-of-storage slots).
+    Functional: returns new arrays and leaves the inputs untouched. Negative and out-of-storage
+    slots are sent to a scratch page appended past the storage and dropped with it, so the
+    write needs no host-side filtering (no sync; works inside `mx.compile`).
 
     Returns:
         `(key_pages, value_pages)`, each `[P, Hkv, page_size, D]`.
     """
     P, _, page_size, _ = key_pages.shape
-    slots = slot_mapping.tolist()
-    tokens = [t for t, slot in enumerate(slots) if 0 <= slot < P * page_size]
-    if not tokens:
-        return key_pages, value_pages
-    kept = mx.array(tokens)
-    kept_slots = mx.array([slots[t] for t in tokens])
-    pages, offsets = kept_slots // page_size, kept_slots % page_size
+    valid = (slot_mapping >= 0) & (slot_mapping < P * page_size)  # [T]
+    pages = mx.where(valid, slot_mapping // page_size, P)  # P: the scratch page
+    offsets = mx.where(valid, slot_mapping % page_size, 0)
 
     def write(storage: mx.array, rows: mx.array) -> mx.array:
-        updated = mx.array(storage)  # a new array object: item assignment rebinds only it
-        updated[pages, :, offsets] = rows[kept]  # [n, Hkv, D] at (page, :, offset)
-        return updated
+        scratch = mx.zeros((1, *storage.shape[1:]), dtype=storage.dtype)
+        padded = mx.concatenate([storage, scratch])  # [P + 1, Hkv, page_size, D]
+        padded[pages, :, offsets] = rows  # [T, Hkv, D] at (page, :, offset)
+        return padded[:P]
 
     return write(key_pages, keys), write(value_pages, values)
 
@@ -158,16 +176,5 @@ def quantized_embedding(
     return mx.where(valid[..., None], table, 0.0).astype(scales.dtype)
 
 
-class ReferenceBackend:
-    """`KernelBackend` made of the readable equations above."""
-
-    name = "reference"
-    paged_attention = staticmethod(paged_attention)
-    write_kv = staticmethod(write_kv)
-    gather_kv = staticmethod(gather_kv)
-    dense_attention = staticmethod(dense_attention)
-    quantized_embedding = staticmethod(quantized_embedding)
-
-
 #: The `reference` entry point of the `pagekernels.backends` group.
-backend = ReferenceBackend()
+backend = ModuleBackend("reference", sys.modules[__name__])

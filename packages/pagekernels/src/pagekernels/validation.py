@@ -1,13 +1,16 @@
 """Host-side checks of paged-attention metadata values, for callers that build their own.
 
 The ops check shapes and dtypes only and never read array values (that would cost a device
-sync per layer). pagepool's `BatchMetadata` validates its own output once per step; direct
-callers (tests, benchmarks, other runtimes) call `validate_paged_metadata` on their host lists.
+sync per layer). pagepool's `BatchMetadata` validates the metadata it builds, once per step;
+pagekernels cannot import pagepool, so direct callers of the kernels (tests, benchmarks, other
+runtimes) call `validate_paged_metadata` on their host lists instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+__all__ = ["validate_paged_metadata"]
 
 
 def validate_paged_metadata(
@@ -22,7 +25,17 @@ def validate_paged_metadata(
     """Checks that a block table and context lengths describe readable, unaliased K/V.
 
     Row b's live pages are its first `ceil(context_lens[b] / page_size)` entries; the rest must
-    be -1.
+    be -1. These are the rules of pagepool's `BatchMetadata` (same contexts, coverage, page
+    range and -1 padding), with these differences:
+
+    - Sharing: `BatchMetadata` lets a page repeat as often as it has holders (`build`: the
+      pool's refcounts; `from_host`: the pages named in `shared_page_ids`). Without a pool
+      this function takes one switch, `allow_shared_pages`: off, every live page belongs to
+      one row; on, any page may appear in several rows. Either way no page repeats within a row.
+    - Scope: `BatchMetadata` also builds and checks `slot_mapping` (no slot written twice),
+      a fixed block-table width, and rejects a batch with no real row; here a batch of empty
+      rows is valid (the kernels return zeros for it).
+    - Errors: plain `ValueError` (`BatchMetadata` raises `InvalidMetadata`, a `ValueError`).
 
     Args:
         block_table: Host rows of page ids (the int32 `[B, max_pages]` array's values).
@@ -30,8 +43,9 @@ def validate_paged_metadata(
         query_len: L, the new tokens per row in this step.
         page_size: Tokens per page.
         num_pages: P, pages in storage (valid ids are `0 .. P-1`).
-        allow_shared_pages: Accept a live page in several rows (explicit copy-on-write sharing).
-            A page repeated within one row is always an error.
+        allow_shared_pages: Accept a live page in several rows (pages shared on purpose, as
+            copy-on-write forks share their prefix). A page repeated within one row is always
+            an error.
 
     Raises:
         ValueError: On a negative context, a context of 1..L-1 tokens, a context not covered
