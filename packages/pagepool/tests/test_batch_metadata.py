@@ -156,7 +156,7 @@ def test_rows_may_be_any_sequence(pool: PagePool) -> None:
     [
         ([[0, 9]], [5], {}, r"block_table\[0, 1\]=9 is outside storage \[0, 8\)"),
         ([[0, 1], [1, 2]], [8, 5], {}, "page 1 appears 2 times in the batch but is not shared"),
-        ([[0, 0]], [5], {}, "page 0 appears 2 times"),
+        ([[0, 0]], [5], {}, r"block_table\[0\] holds page 0 twice"),
         ([[0, 1]], [9], {}, r"context_lens\[0\]=9 needs 3 page\(s\) of 4, but the row has 2"),
         ([[0, 1, 2]], [5], {}, r"context_lens\[0\]=5 needs 2 page\(s\) of 4, but the row has 3"),
         ([[0, -1, 2]], [9], {}, "-1 padding may only trail the row"),
@@ -202,3 +202,10 @@ def test_from_host_accepts_declared_shared_pages() -> None:
     )
     assert metadata.block_table_host == ((0, 1), (0, 2))
     assert metadata.slot_mapping_host == (1 * 4 + 1, 2 * 4 + 2)
+
+
+def test_from_host_rejects_a_shared_page_twice_in_one_row():
+    with pytest.raises(InvalidMetadata, match=r"block_table\[0\] holds page 3 twice"):
+        BatchMetadata.from_host(
+            [[3, 3], [3, -1]], [8, 4], query_len=1, page_size=4, num_pages=8, shared_page_ids=[3]
+        )

@@ -260,9 +260,16 @@ def _short_context(b: int, context_len: int, query_len: int) -> InvalidMetadata:
 
 
 def _check_aliasing(page_rows: list[tuple[int, ...]], max_holders: Callable[[int], int]) -> None:
-    """A page may appear in several places only if it has that many holders (shared)."""
+    """A page may appear in several rows only if it has that many holders (shared); a row never
+    holds the same page twice (its logical pages would overwrite each other)."""
     if sum(map(len, page_rows)) == len(set().union(*page_rows)):
         return  # the common case, no page appears twice: skip counting
+    for b, row in enumerate(page_rows):
+        if len(set(row)) != len(row):
+            page_id = next(p for p, n in Counter(row).items() if n > 1)
+            raise InvalidMetadata(
+                f"block_table[{b}] holds page {page_id} twice; a row's pages differ"
+            )
     uses = Counter(page_id for row in page_rows for page_id in row)
     for page_id, count in uses.items():
         if count > 1 and count > max_holders(page_id):
