@@ -27,20 +27,12 @@ from pageruntime import configure_logging
 from qwen3model import load_model
 from qwen3model.commands import DEFAULT_CPU_MODEL, DEFAULT_GPU_MODEL
 from qwen3model.provenance import collect_provenance
-from qwen3model.serving import make_requests, run_variant, serve_bench_trace
+from qwen3model.serving import TRACE_OVERRIDES, make_requests, run_variant, serve_bench_trace
 
 # 2: concurrency (peak/mean decode rows) moved from each row into its `result`.
 SCHEMA = "paged-serving/admission-sweep/2"
-# The trace flags a command line may override; the rest come from serve-bench's defaults.
-TRACE_FLAGS = (
-    "num_seqs",
-    "min_input_len",
-    "max_input_len",
-    "min_output_len",
-    "max_output_len",
-    "prefill_step",
-    "page_size",
-)
+# The trace flags of serve-bench but the batch size, which memory sets here.
+TRACE_FLAGS = tuple(name for name in TRACE_OVERRIDES if name != "batch_size")
 
 
 def token_bytes(model) -> int:
@@ -83,7 +75,6 @@ def run_sweep(
         `ServingResult` fields, concurrency included (or `status` "failed"/"does_not_fit").
     """
     page_bytes = trace.page_size * token_bytes(model)
-    longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
     rows: list[dict] = []
 
     def add(row: dict) -> None:
@@ -123,7 +114,7 @@ def run_sweep(
         add(
             {
                 **dense,
-                **_run(model, "dense", dense_trace, requests, num_pages=slots * longest_pages),
+                **_run(model, "dense", dense_trace, requests),  # pages: slots x longest request
             }
         )
     return rows
@@ -193,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model, kernel_backend=args.kernel_backend, dtype=dtype, seed=args.weights_seed
     )
     requests = make_requests(trace, model.args.vocab_size)
-    longest_pages = -(-(trace.max_input_len + trace.max_output_len) // trace.page_size)
+    longest_pages = trace.longest_request_pages
     unit = longest_pages if args.budget_unit == "requests" else 1
     budgets = sorted({max(longest_pages, round(b * unit)) for b in args.budgets})
     warm_trace = dataclasses.replace(

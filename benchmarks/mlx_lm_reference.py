@@ -3,15 +3,16 @@
 Builds `mlx_lm.models.qwen3.Model` with the shapes of one of qwen3model's synthetic configs and
 random weights (mlx.nn's initialisers, cast to the dtype), draws the serve-bench trace with
 `qwen3model.serving.make_requests` (same lengths, prompt tokens and seed), and serves it with
-continuous batching at the same batch size and prefill step. No stop tokens: every request
-generates exactly its `max_new_tokens`, as in serve-bench. mlx-lm is not a project dependency:
-install its pure-Python wheel beside MLX first (`pip install --no-deps mlx-lm==0.32.2`; it
-imports `transformers` at module load).
+continuous batching at the same batch size and prefill step. The trace defaults to serve-bench's
+on the device it runs on (`serve_bench_trace`). No stop tokens: every request generates exactly
+its `max_new_tokens`, as in serve-bench. mlx-lm is not a project dependency: install its
+pure-Python wheel beside MLX first (`pip install --no-deps mlx-lm==0.32.2`; it imports
+`transformers` at module load).
 
     python3 benchmarks/mlx_lm_reference.py --device gpu --json-output out/mlx_lm.json
 
-The JSON has serve-bench's layout (`trace`, `context`, `results`), so `benchmarks/plot.py`
-draws it like a serve-bench file.
+The JSON has serve-bench's layout (`trace`, `context`, `provenance`, `results`), so
+`benchmarks/plot.py` draws it like a serve-bench file.
 """
 
 from __future__ import annotations
@@ -110,25 +111,27 @@ def serve_trace(model, requests, *, batch_size: int, prefill_step: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qwen3model.serving import Trace, make_requests
+    from qwen3model.serving import TRACE_OVERRIDES, make_requests, serve_bench_trace
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     on_gpu = mx.cuda.is_available()
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu" if on_gpu else "cpu")
     parser.add_argument("--model", default=None, help="synthetic config (qwen3-4b on GPU)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
-    defaults = Trace()
-    for field in dataclasses.fields(Trace):
-        flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, type=int, default=getattr(defaults, field.name))
+    for name in TRACE_OVERRIDES:
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, help="default: as qwen3model serve-bench")
+    parser.add_argument("--seed", type=int, default=0, help="trace seed (as serve-bench)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests first")
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
-    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    name = args.model or ("qwen3-4b" if args.device == "gpu" else "qwen3-small")
-    dtype_name = args.dtype or ("bfloat16" if args.device == "gpu" else "float32")
+    on_gpu = args.device == "gpu"
+    mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
+    name = args.model or ("qwen3-4b" if on_gpu else "qwen3-small")
+    dtype_name = args.dtype or ("bfloat16" if on_gpu else "float32")
     model = build_model(name, getattr(mx, dtype_name))
-    trace = Trace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Trace)})
+    overrides = {name: getattr(args, name) for name in TRACE_OVERRIDES}
+    trace = serve_bench_trace(on_gpu=on_gpu, seed=args.seed, **overrides)
     requests = make_requests(trace, model.args.vocab_size)
     if args.warmup:
         warm = dataclasses.replace(

@@ -47,7 +47,7 @@ def detect_kind(document: dict) -> str:
 
 
 def _subtitle(document: dict) -> str:
-    prov = document.get("provenance") or document.get("context") or {}
+    prov = document.get("provenance", {})
     gpu = (prov.get("gpu") or {}).get("name") if isinstance(prov.get("gpu"), dict) else None
     where = gpu or prov.get("cpu") or prov.get("device", "")
     sha = (prov.get("commit") or {}).get("sha") or ""

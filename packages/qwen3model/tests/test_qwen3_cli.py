@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from qwen3model import Tokenizer, load_model
+from qwen3model import Qwen3Model, Tokenizer, commands, load_model
 from qwen3model.cli import main, setup_arg_parser
 from qwen3model.serving import CPU_TRACE, GPU_TRACE, serve_bench_trace
 
@@ -47,6 +47,14 @@ def test_every_flag_has_help() -> None:
         (["generate", "--model", "synthetic:qwen3-9t", "hi"], 1, "unknown synthetic model"),
         (["serve-bench", *TINY, "--min-input-len", "9", "--max-input-len", "3"], 1, "below"),
         (["generate", *TINY, "--kernel-backend", "nope", "hi"], 1, "nope"),
+        (["generate", *TINY, "--page-size", "0", "hi"], 2, "--page-size: expected an int >= 1"),
+        (["generate", *TINY, "--max-tokens", "0", "hi"], 2, "--max-tokens: expected an int >= 1"),
+        (["serve-bench", *TINY, "--warmup", "-1"], 2, "--warmup: expected an int >= 0"),
+        (
+            ["save-model", *TINY, "/no/such/out", "--quantize-bits", "4", "--group-size", "128"],
+            1,
+            "divisible by the quantization group size 128",
+        ),
     ],
     ids=[
         "unknown-flag",
@@ -61,6 +69,10 @@ def test_every_flag_has_help() -> None:
         "bad-synthetic",
         "bad-trace",
         "bad-backend",
+        "zero-page-size",
+        "zero-max-tokens",
+        "negative-warmup",
+        "group-size-does-not-divide",
     ],
 )
 def test_errors_are_one_line(capsys, argv: list[str], status: int, match: str) -> None:
@@ -69,6 +81,15 @@ def test_errors_are_one_line(capsys, argv: list[str], status: int, match: str) -
     assert match in err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and out == ""
+
+
+def test_internal_errors_keep_their_traceback(monkeypatch) -> None:
+    def bug(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(commands, "_stream_outputs", bug)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["generate", *TINY, "--max-tokens", "2", "hi"])
 
 
 def test_help_exits_cleanly(capsys) -> None:
@@ -113,6 +134,22 @@ def test_several_prompts_print_one_block_each(capsys, tmp_path: Path) -> None:
     assert [line for line in out.splitlines() if line.startswith("--- request")] == [
         f"--- request {i} (length) ---" for i in range(3)
     ]
+
+
+def test_generate_counts_the_tokens_it_generated(capsys, monkeypatch) -> None:
+    step = Qwen3Model.step
+
+    def failing_prefill(self, tokens, metadata, kv):  # fails the 7-token prompt's prefill
+        if tokens.shape[1] == 7:
+            raise RuntimeError("injected failure")
+        return step(self, tokens, metadata, kv)
+
+    monkeypatch.setattr(Qwen3Model, "step", failing_prefill)
+    argv = ["generate", *TINY, "--max-tokens", "5", "--ignore-eos", "first", "seventh", "third"]
+    status, out, err = run(capsys, *argv)
+    assert status == 1 and "injected failure" in err
+    assert "10 tokens generated" in err  # two requests of 5; the failed one generated none
+    assert out.count("(length)") == 2 and "(failed)" in out
 
 
 def test_save_model_then_generate_from_the_directory(capsys, tmp_path: Path) -> None:
@@ -179,9 +216,10 @@ def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
         assert result["peak_decode_rows"] == 2 and 1 < result["mean_decode_rows"] <= 2
     context = document["context"]
     assert context["compile_decode"] is False and context["admission"] == "reserve"
-    assert context["page_size"] == 8 and context["num_pages"] == 2 * -(-(70 + 9) // 8)
-    assert context["provenance"]["mlx_version"] == mx.__version__
-    assert context["provenance"]["device"] == context["device"]
+    assert context["page_size"] == 8 and context["num_pages"] == 2 * 10  # 79 tokens: 10 pages
+    assert "provenance" not in context  # top level, as in every results JSON
+    assert document["provenance"]["mlx_version"] == mx.__version__
+    assert document["provenance"]["device"] == context["device"]
 
 
 def test_serve_bench_labels_compiled_decode_and_records_the_engine(capsys, tmp_path: Path) -> None:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
 from pagepool import BatchMetadata, KVStorage, PageList, PagePool
-from qwen3model import AttentionMode, DenseKVStore, ModelArgs, Qwen3Model, build_synthetic
+from qwen3model import (
+    AttentionMode,
+    DenseKVStore,
+    ModelArgs,
+    QuantizationArgs,
+    Qwen3Model,
+    build_synthetic,
+)
 
 PROMPT = list(b"Paged attention reads K/V through a block table.")
 
@@ -54,25 +62,20 @@ def numpy_qwen3_logits(model: Qwen3Model, tokens: list[int]) -> np.ndarray:
     return h @ w["model.embed_tokens.weight"].T
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
 @pytest.mark.parametrize("mode", list(AttentionMode))
 def test_prefill_matches_numpy_qwen3(backend, prefill, mode: AttentionMode) -> None:
     model, _ = build_synthetic("qwen3-tiny", backend=backend, attention_mode=mode)
-    expected = numpy_qwen3_logits(model, PROMPT)[-1]
-    got = np.array(prefill(model, PROMPT, page_size=8), dtype=np.float64)
-    np.testing.assert_allclose(log_softmax(got), log_softmax(expected), atol=1e-4)
+    expected = mx.array(numpy_qwen3_logits(model, PROMPT)[-1], dtype=mx.float32)
+    got = prefill(model, PROMPT, page_size=8)
+    np.testing.assert_allclose(nn.log_softmax(got), nn.log_softmax(expected), atol=1e-4)
 
 
 def test_bfloat16_prefill_is_close_to_float32(backend, prefill) -> None:
     f32, _ = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.float32)
     bf16, _ = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.bfloat16)
     assert bf16.dtype == mx.bfloat16
-    expected = log_softmax(np.array(prefill(f32, PROMPT)))
-    got = log_softmax(np.array(prefill(bf16, PROMPT)))
+    expected = nn.log_softmax(prefill(f32, PROMPT))
+    got = nn.log_softmax(prefill(bf16, PROMPT))
     np.testing.assert_allclose(got, expected, atol=5e-2)
 
 
@@ -117,6 +120,10 @@ def test_dense_cache_given_to_paged_model_is_an_error(backend) -> None:
         paged.step(tokens, metadata, dense_kv)
     with pytest.raises(TypeError, match="DenseKVStore"):
         dense.step(tokens, metadata, paged_kv)
+    paged.compile_decode = True
+    decode, _ = _one_row(pool, 1)
+    with pytest.raises(TypeError, match="needs page storage"):
+        paged.step(mx.zeros((1, 1), dtype=mx.int32), decode, dense_kv)
 
 
 def test_max_seq_len_is_bounded_by_the_config(backend) -> None:
@@ -156,3 +163,51 @@ def test_compiled_decode_equals_eager(backend) -> None:
     for a, b in zip(eager_pages, compiled_kv.keys + compiled_kv.values, strict=True):
         assert mx.array_equal(a, b, equal_nan=True).item()
     assert list(compiled._compiled_decode._functions) == [4]  # the compiled path ran
+
+
+def _prompt_then_decode(model: Qwen3Model, *, compiled: bool) -> mx.array:
+    """Prefills `PROMPT` on fresh NaN-poisoned pages, then decodes one token; its logits."""
+    model.compile_decode = compiled
+    pool = PagePool(4, 32)
+    kv = model.make_kv_storage(pool, fill_value=float("nan"))
+    row = PageList(pool)
+    row.append(len(PROMPT))
+    model.step(mx.array([PROMPT]), BatchMetadata.build([row], query_len=len(PROMPT)), kv)
+    row.append(1)
+    metadata = BatchMetadata.build([row], query_len=1, max_pages=16)
+    logits = model.step(mx.array([[7]], dtype=mx.int32), metadata, kv)
+    mx.eval(logits)
+    return logits
+
+
+def test_compiled_decode_uses_the_current_weights(backend) -> None:
+    model, _ = build_synthetic("qwen3-tiny", backend=backend)
+    before = _prompt_then_decode(model, compiled=True)  # traces the decode step
+    name = "model.layers.0.mlp.up_proj.weight"
+    weight = dict(tree_flatten(model.parameters()))[name]
+    model.load_weights([(name, -weight)], strict=False)
+    compiled = _prompt_then_decode(model, compiled=True)
+    assert not mx.array_equal(compiled, before).item()  # the new weight reached the trace
+    assert mx.array_equal(compiled, _prompt_then_decode(model, compiled=False)).item()
+    # A weight assigned directly (no `update`) reaches the existing trace too.
+    model.model.layers[1].self_attn.o_proj.weight = (
+        2 * model.model.layers[1].self_attn.o_proj.weight
+    )
+    compiled = _prompt_then_decode(model, compiled=True)
+    assert mx.array_equal(compiled, _prompt_then_decode(model, compiled=False)).item()
+
+
+def test_compiled_decode_after_quantize_equals_eager(backend) -> None:
+    model, _ = build_synthetic("qwen3-tiny", backend=backend)
+    float_logits = _prompt_then_decode(model, compiled=True)
+    model.quantize(QuantizationArgs(group_size=64, bits=4))
+    assert not model._compiled_decode._functions  # the float traces are dropped
+    compiled = _prompt_then_decode(model, compiled=True)
+    assert not mx.array_equal(compiled, float_logits).item()
+    assert mx.array_equal(compiled, _prompt_then_decode(model, compiled=False)).item()
+
+
+def test_vocab_size_is_the_configs(backend) -> None:
+    model, _ = build_synthetic("qwen3-tiny", backend=backend)
+    assert model.vocab_size == model.args.vocab_size
+    assert _prompt_then_decode(model, compiled=False).shape == (1, model.vocab_size)

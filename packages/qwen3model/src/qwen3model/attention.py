@@ -4,14 +4,17 @@ that stores this step's K/V and attends (paged, paged + gather, or dense without
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from qwen3model.config import ModelArgs
 
-__all__ = ["Attention", "AttentionMode", "StepAttention"]
+if TYPE_CHECKING:
+    from pagekernels import KernelBackend
+
+__all__ = ["Attention", "AttentionMode", "StepAttention", "attend_dense"]
 
 
 class AttentionMode(StrEnum):
@@ -54,6 +57,34 @@ class StepAttention(Protocol):
             `[B, Hq, L, D]` attention output (causal: query `l` sees the context up to itself).
         """
         ...
+
+
+def attend_dense(
+    backend: KernelBackend,
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    key_lens: mx.array,
+    scale: float,
+) -> mx.array:
+    """Causal `dense_attention` of the step's queries over a padded dense K/V batch (the
+    gather and dense baselines).
+
+    Args:
+        backend: Kernel backend.
+        queries: `[B, Hq, L, D]`, the last `L` positions of every row.
+        keys: `[B, Hkv, S, D]`, row b's context in its first `key_lens[b]` positions.
+        values: `[B, Hkv, S, D]`, laid out like `keys`.
+        key_lens: int32 `[B]`, every row's context length (0 for a padding row).
+        scale: Softmax scale.
+
+    Returns:
+        `[B, Hq, L, D]`; query `l` of row b sees the keys up to position `key_lens[b] - L + l`.
+    """
+    return backend.dense_attention(
+        queries, keys, values, scale=scale, mask="causal", key_lens=key_lens
+    )
 
 
 class Attention(nn.Module):

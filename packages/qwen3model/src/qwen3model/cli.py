@@ -1,14 +1,15 @@
 """The `qwen3model` command line: `generate`, `serve-bench` and `save-model`.
 
 `main(argv)` returns an exit status (0 ok, 1 failed, 2 bad usage) so tests can call it; errors
-the user can fix are one line on stderr, never a traceback.
+the user can fix are one line on stderr, never a traceback. Anything else (a bug) propagates
+with its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,6 +25,24 @@ __all__ = ["main", "setup_arg_parser"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise cmd.UsageError(f"{self.prog}: error: {message} (see --help)")
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type` accepting ints >= `minimum` (others are usage errors, status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_POSITIVE = _int_at_least(1)
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -58,10 +77,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
 
     engine = _Parser(add_help=False)
-    engine.add_argument("--page-size", type=int, default=None, help="tokens per KV page")
-    engine.add_argument("--num-pages", type=int, help="KV pool capacity (default: fits the batch)")
-    engine.add_argument("--batch-size", type=int, default=None, help="most requests at once")
-    engine.add_argument("--prefill-step", type=int, default=None, help="prefill chunk in tokens")
+    engine.add_argument("--page-size", type=_POSITIVE, help="tokens per KV page")
+    engine.add_argument(
+        "--num-pages", type=_POSITIVE, help="KV pool capacity (default: fits the batch)"
+    )
+    engine.add_argument("--batch-size", type=_POSITIVE, help="most requests at once")
+    engine.add_argument("--prefill-step", type=_POSITIVE, help="prefill chunk in tokens")
     engine.add_argument(
         "--compile-decode",
         action="store_true",
@@ -80,11 +101,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompts", nargs="*", help="prompts (each one a request)")
     generate.add_argument("--prompt-file", type=Path, help="a file with one prompt per line")
     generate.add_argument(
-        "--max-tokens", type=int, default=cmd.DEFAULT_MAX_TOKENS, help="tokens per prompt"
+        "--max-tokens", type=_POSITIVE, default=cmd.DEFAULT_MAX_TOKENS, help="tokens per prompt"
     )
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    generate.add_argument("--top-k", type=int, default=0, help="keep the k best tokens (0: all)")
+    generate.add_argument(
+        "--top-k", type=_int_at_least(0), default=0, help="keep the k best tokens (0: all)"
+    )
     generate.add_argument("--seed", type=int, default=0, help="sampling seed")
     generate.add_argument("--ignore-eos", action="store_true", help="do not stop at end tokens")
     generate.add_argument(
@@ -128,9 +151,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     ]:
         default = f"{getattr(cmd.GPU_TRACE, name.replace('-', '_'))} on GPU, "
         default += f"{getattr(cmd.CPU_TRACE, name.replace('-', '_'))} on CPU"
-        bench.add_argument(f"--{name}", type=int, help=f"{help_text} (default: {default})")
+        bench.add_argument(f"--{name}", type=_POSITIVE, help=f"{help_text} (default: {default})")
     bench.add_argument("--seed", type=int, default=0, help="seed of lengths and prompt tokens")
-    bench.add_argument("--warmup", type=int, default=1, help="warm-up requests per variant")
+    bench.add_argument(
+        "--warmup", type=_int_at_least(0), default=1, help="warm-up requests per variant"
+    )
     bench.add_argument("--json-output", type=Path, help="also write the results as JSON here")
     bench.set_defaults(handler=cmd.serve_bench)
 
@@ -139,8 +164,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     save.add_argument("output", type=Path, help="directory to write")
     save.add_argument("--quantize-bits", type=int, choices=[4, 8], help="MLX-quantize first")
-    save.add_argument("--group-size", type=int, default=64, help="quantization group size")
-    save.add_argument("--max-shard-bytes", type=int, help="shard the weights past this size")
+    save.add_argument(
+        "--group-size", type=int, choices=[32, 64, 128], default=64, help="quantization group size"
+    )
+    save.add_argument("--max-shard-bytes", type=_POSITIVE, help="shard the weights past this size")
     save.set_defaults(handler=cmd.save_model)
     return parser
 
@@ -157,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cmd.UsageError as error:
         print(error, file=sys.stderr)
         return 2
-    except (ModelNotFoundError, FileNotFoundError, RequestRejected, ValueError) as error:
+    except (cmd.InputError, ModelNotFoundError, FileNotFoundError, RequestRejected) as error:
         print(f"qwen3model: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

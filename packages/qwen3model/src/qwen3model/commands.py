@@ -6,16 +6,18 @@ Each handler takes the parsed arguments and returns an exit status; `cli` parses
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import mlx.core as mx
 import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pagepool import pages_for
 from pageruntime import Engine, SamplingParams
 from qwen3model.attention import AttentionMode
 from qwen3model.config import QuantizationArgs
@@ -23,7 +25,14 @@ from qwen3model.loading import DTYPES, load_model, save_pretrained
 from qwen3model.model import Qwen3Model
 from qwen3model.provenance import collect_provenance
 from qwen3model.report import render_table, write_json
-from qwen3model.serving import CPU_TRACE, GPU_TRACE, make_requests, run_variant, serve_bench_trace
+from qwen3model.serving import (
+    CPU_TRACE,
+    GPU_TRACE,
+    TRACE_OVERRIDES,
+    make_requests,
+    run_variant,
+    serve_bench_trace,
+)
 from qwen3model.tokenizer import StreamDecoder, Tokenizer
 
 __all__ = [
@@ -32,6 +41,7 @@ __all__ = [
     "DEFAULT_GPU_MODEL",
     "DEFAULT_MAX_TOKENS",
     "GPU_TRACE",
+    "InputError",
     "UsageError",
     "generate",
     "save_model",
@@ -50,21 +60,23 @@ DEFAULT_BATCH_SIZE = 4
 DEFAULT_PREFILL_STEP = 128
 
 
-# serve-bench flags that override the device's default trace when given.
-_TRACE_FLAGS = (
-    "num_seqs",
-    "min_input_len",
-    "max_input_len",
-    "min_output_len",
-    "max_output_len",
-    "batch_size",
-    "prefill_step",
-    "page_size",
-)
-
-
 class UsageError(Exception):
     """A bad command line, reported as one line with exit status 2."""
+
+
+class InputError(Exception):
+    """A value from the command line that the project rejected (an unknown model or backend,
+    bad sampling, trace or quantization values), reported as one line with exit status 1."""
+
+
+@contextlib.contextmanager
+def _rejected_as_input_error() -> Iterator[None]:
+    """Turns the `ValueError` of a call that only checks command-line values into an
+    `InputError`; every other error keeps its type and traceback."""
+    try:
+        yield
+    except ValueError as error:
+        raise InputError(str(error)) from error
 
 
 # -- shared ---------------------------------------------------------------------------------
@@ -90,8 +102,14 @@ def _stderr() -> Console:
     return Console(stderr=True)
 
 
-def _load(args: argparse.Namespace, mode: AttentionMode) -> tuple[Qwen3Model, Tokenizer]:
-    source = args.model or (DEFAULT_GPU_MODEL if _on_gpu() else DEFAULT_CPU_MODEL)
+def _model_source(args: argparse.Namespace) -> str:
+    """`--model`, or the device's default model."""
+    return args.model or (DEFAULT_GPU_MODEL if _on_gpu() else DEFAULT_CPU_MODEL)
+
+
+def _load(
+    source: str, args: argparse.Namespace, mode: AttentionMode
+) -> tuple[Qwen3Model, Tokenizer]:
     dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
     start = time.perf_counter()
     with Progress(
@@ -103,14 +121,15 @@ def _load(args: argparse.Namespace, mode: AttentionMode) -> tuple[Qwen3Model, To
         transient=True,
     ) as progress:
         task = progress.add_task("load", total=None)
-        model, tokenizer = load_model(
-            source,
-            kernel_backend=args.kernel_backend,
-            attention_mode=mode,
-            dtype=dtype,
-            seed=args.weights_seed,
-            on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+        with _rejected_as_input_error():
+            model, tokenizer = load_model(
+                source,
+                kernel_backend=args.kernel_backend,
+                attention_mode=mode,
+                dtype=dtype,
+                seed=args.weights_seed,
+                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
     model.compile_decode = getattr(args, "compile_decode", False)
     log.info(
         "model_loaded",
@@ -120,10 +139,6 @@ def _load(args: argparse.Namespace, mode: AttentionMode) -> tuple[Qwen3Model, To
         seconds=round(time.perf_counter() - start, 2),
     )
     return model, tokenizer
-
-
-def _pages_for(batch_size: int, longest: int, page_size: int) -> int:
-    return batch_size * -(-longest // page_size)
 
 
 # -- generate -------------------------------------------------------------------------------
@@ -143,27 +158,29 @@ def generate(args: argparse.Namespace) -> int:
         mode = AttentionMode.GATHER
     elif args.dense_baseline:
         mode = AttentionMode.DENSE
-    model, tokenizer = _load(args, mode)
+    model, tokenizer = _load(_model_source(args), args, mode)
     use_template = tokenizer.has_chat_template if args.chat_template is None else args.chat_template
     if use_template and not tokenizer.has_chat_template:
-        raise ValueError("--chat-template: this model's tokenizer has no chat template")
+        raise InputError("--chat-template: this model's tokenizer has no chat template")
     prompt_ids = [
         tokenizer.encode(_render(tokenizer, p, args.system, use_template)) for p in prompts
     ]
-    params = SamplingParams(
-        max_new_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stop_token_ids=() if args.ignore_eos else tuple(sorted(tokenizer.eos_token_ids)),
-    )
+    with _rejected_as_input_error():
+        params = SamplingParams(
+            max_new_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop_token_ids=() if args.ignore_eos else tuple(sorted(tokenizer.eos_token_ids)),
+        )
     page_size = args.page_size or DEFAULT_PAGE_SIZE
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     longest = max(len(ids) for ids in prompt_ids) + args.max_tokens
+    fits_batch = min(batch_size, len(prompts)) * pages_for(longest, page_size)
     engine = Engine(
         model,
-        num_pages=args.num_pages or _pages_for(min(batch_size, len(prompts)), longest, page_size),
+        num_pages=args.num_pages or fits_batch,
         page_size=page_size,
         max_batch_size=batch_size,
         prefill_step=args.prefill_step or DEFAULT_PREFILL_STEP,
@@ -187,11 +204,13 @@ def _stream_outputs(
     single = len(request_ids) == 1
     decoders = {rid: StreamDecoder(tokenizer) for rid in request_ids}
     texts = {rid: "" for rid in request_ids}
-    failed = 0
+    failed = generated = 0
     start = time.perf_counter()
     while engine.has_unfinished():
         for event in engine.step():
             rid = event.request_id
+            if event.token is not None:
+                generated += 1  # stop tokens count: the model generated them
             if event.token is not None and event.token not in stop_ids:
                 texts[rid] += decoders[rid].add(event.token)
                 if single:
@@ -208,11 +227,10 @@ def _stream_outputs(
                 print(texts[rid])
             else:
                 print(f"--- request {rid} ({event.finish_reason}) ---\n{texts[rid]}")
-    stats = engine.stats
     seconds = time.perf_counter() - start
     _stderr().print(
-        f"[dim]{stats.decode_tokens + len(request_ids)} tokens generated, "
-        f"{stats.prefill_tokens} prefilled in {seconds:.1f} s[/dim]"
+        f"[dim]{generated} tokens generated, "
+        f"{engine.stats.prefill_tokens} prefilled in {seconds:.1f} s[/dim]"
     )
     return 1 if failed else 0
 
@@ -222,11 +240,11 @@ def _stream_outputs(
 
 def serve_bench(args: argparse.Namespace) -> int:
     """`qwen3model serve-bench`: serve the trace once per variant, print the table."""
-    if args.warmup < 0:
-        raise UsageError("qwen3model serve-bench: error: --warmup must be >= 0 (see --help)")
-    overrides = {name: getattr(args, name) for name in _TRACE_FLAGS}
-    trace = serve_bench_trace(on_gpu=_on_gpu(), seed=args.seed, **overrides)
-    model, _ = _load(args, AttentionMode(args.variants[0]))
+    overrides = {name: getattr(args, name) for name in TRACE_OVERRIDES}
+    with _rejected_as_input_error():
+        trace = serve_bench_trace(on_gpu=_on_gpu(), seed=args.seed, **overrides)
+    source = _model_source(args)
+    model, _ = _load(source, args, AttentionMode(args.variants[0]))
     requests = make_requests(trace, model.args.vocab_size)
     # Warm-up requests: the shortest prompt and 4 tokens, on a throw-away engine per variant.
     warmup_trace = dataclasses.replace(
@@ -249,6 +267,7 @@ def serve_bench(args: argparse.Namespace) -> int:
     )
     with progress:
         for variant in args.variants:
+            # The total is the most the trace can generate; a request may end sooner.
             task = progress.add_task(f"{variant:>6}", total=sum(r.max_new_tokens for r in requests))
             if warmup:
                 run_variant(model, AttentionMode(variant), trace, warmup, admission=args.admission)
@@ -261,9 +280,9 @@ def serve_bench(args: argparse.Namespace) -> int:
                 num_pages=args.num_pages,
                 on_token=lambda task=task: progress.advance(task),
             )
+            progress.update(task, total=result.output_tokens)
             log.info("bench_variant_finished", variant=variant, wall_s=round(result.wall_s, 2))
             results.append(result)
-    source = args.model or (DEFAULT_GPU_MODEL if _on_gpu() else DEFAULT_CPU_MODEL)
     prompts = f"{trace.min_input_len}-{trace.max_input_len}"
     outputs = f"{trace.min_output_len}-{trace.max_output_len}"
     title = (
@@ -282,9 +301,14 @@ def serve_bench(args: argparse.Namespace) -> int:
             "page_size": trace.page_size,
             "admission": args.admission,
             "num_pages": trace.num_pages if args.num_pages is None else args.num_pages,
-            "provenance": collect_provenance(_device_name()),
         }
-        write_json(args.json_output, results, trace=trace, context=context)
+        write_json(
+            args.json_output,
+            results,
+            trace=trace,
+            context=context,
+            provenance=collect_provenance(_device_name()),
+        )
     return 0
 
 
@@ -293,9 +317,10 @@ def serve_bench(args: argparse.Namespace) -> int:
 
 def save_model(args: argparse.Namespace) -> int:
     """`qwen3model save-model`: load (optionally quantize) and write a Hugging Face directory."""
-    model, tokenizer = _load(args, AttentionMode.PAGED)
+    model, tokenizer = _load(_model_source(args), args, AttentionMode.PAGED)
     if args.quantize_bits is not None:
-        model.quantize(QuantizationArgs(group_size=args.group_size, bits=args.quantize_bits))
+        with _rejected_as_input_error():  # a group size that does not divide the layers
+            model.quantize(QuantizationArgs(group_size=args.group_size, bits=args.quantize_bits))
     written = save_pretrained(model, tokenizer, args.output, max_shard_bytes=args.max_shard_bytes)
     print(f"wrote {args.output} ({len(written)} weight file(s), dtype {_dtype_name(model)})")
     return 0

@@ -4,6 +4,11 @@ The engine pads decode batches and block-table widths to buckets, so shapes repe
 is reused. Only the paged path is compiled: Python code (such as the gather path's byte
 counters) runs once per trace, not once per step. `write_kv` writes in place under compile
 too; outputs equal the uncompiled step exactly (tested).
+
+The model's parameters are captured inputs of the trace (`mx.compile(..., inputs=model.state)`),
+not constants baked into it: weights assigned after tracing (`update`, `load_weights`) are the
+ones the next call uses. MLX retraces when the captured arrays change in number, shape or
+dtype; `reset` drops the traces that can never run again (`Qwen3Model.quantize` swaps layers).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class CompiledDecode:
         """Same contract as `Qwen3Model.step` for `metadata.query_len == 1`."""
         function = self._functions.get(metadata.page_size)
         if function is None:
-            function = mx.compile(self._decode_function(metadata.page_size))
+            decode = self._decode_function(metadata.page_size)
+            function = mx.compile(decode, inputs=self._model.state)
             self._functions[metadata.page_size] = function
         logits, keys, values = function(
             tokens,
@@ -74,6 +80,10 @@ class CompiledDecode:
         for layer, (layer_keys, layer_values) in enumerate(zip(keys, values, strict=True)):
             kv.update_layer(layer, layer_keys, layer_values)
         return logits
+
+    def reset(self) -> None:
+        """Drops every trace; the next call traces the model as it is then."""
+        self._functions.clear()
 
     def _decode_function(self, page_size: int) -> _DecodeFn:
         model = self._model

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from pagepool import BatchMetadata, KVStorage, PagePool
+from qwen3model.attention import attend_dense
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -110,6 +111,11 @@ class DenseKVStore(KVStorage):
         """Requests with a live cache."""
         return len(self._caches)
 
+    def empty_row(self, length: int) -> mx.array:
+        """Zeros `[Hkv, length, D]` in the cache dtype: a padding row of the dense batch."""
+        _, Hkv, D = self._shape
+        return mx.zeros((Hkv, length, D), self.dtype)
+
     def cache_arrays(self) -> list[mx.array]:
         """Every live cache array (to evaluate the step's writes together with its logits)."""
         return [a for cache in self._caches.values() for a in cache.keys + cache.values]
@@ -164,6 +170,9 @@ class DenseStepAttention:
     """Writes K/V into each row's contiguous cache, repacks the rows into a padded dense batch
     `[B, Hkv, S, D]` (S = longest context) and runs `dense_attention` with `key_lens`.
 
+    The step's longest context, each row's padding and the filler of padding rows are worked
+    out once, when the step starts, and shared by every layer.
+
     Attributes:
         copied_bytes: K and V bytes repacked this step (counted from shapes).
     """
@@ -180,31 +189,32 @@ class DenseStepAttention:
         self.scale = scale
         self.rows = store.begin_step(metadata)
         self.copied_bytes = 0
+        lengths = metadata.context_lens_host
+        longest = max(lengths)
+        self._paddings = [[(0, 0), (0, longest - n), (0, 0)] for n in lengths]
+        self._filler = store.empty_row(longest) if None in self.rows else None
 
     def __call__(self, layer: int, queries: mx.array, keys: mx.array, values: mx.array) -> mx.array:
         """See `StepAttention`."""
-        _, Hkv, L, D = keys.shape
+        L = keys.shape[2]
         lengths = self.metadata.context_lens_host
-        S = max(lengths)
-        empty = mx.zeros((Hkv, S, D), keys.dtype)
         batch_keys, batch_values = [], []
         for b, cache in enumerate(self.rows):
             if cache is None:
-                batch_keys.append(empty)
-                batch_values.append(empty)
+                batch_keys.append(self._filler)
+                batch_values.append(self._filler)
                 continue
             cache.write(layer, lengths[b] - L, keys[b], values[b])
             row_keys, row_values = cache.read(layer, lengths[b])
-            padding = [(0, 0), (0, S - lengths[b]), (0, 0)]
-            batch_keys.append(mx.pad(row_keys, padding))
-            batch_values.append(mx.pad(row_values, padding))
+            batch_keys.append(mx.pad(row_keys, self._paddings[b]))
+            batch_values.append(mx.pad(row_values, self._paddings[b]))
         dense_keys, dense_values = mx.stack(batch_keys), mx.stack(batch_values)
         self.copied_bytes += dense_keys.nbytes + dense_values.nbytes
-        return self.backend.dense_attention(
+        return attend_dense(
+            self.backend,
             queries,
             dense_keys,
             dense_values,
-            scale=self.scale,
-            mask="causal",
             key_lens=self.metadata.context_lens,
+            scale=self.scale,
         )

@@ -79,6 +79,11 @@ class Qwen3Model(nn.Module):
         return self._max_seq_len
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids are in `[0, vocab_size)`; the width of the logits `step` returns."""
+        return self.args.vocab_size
+
+    @property
     def dtype(self) -> mx.Dtype:
         """Activation and K/V dtype (the norms' dtype; quantized layers keep float scales)."""
         return self.model.norm.weight.dtype
@@ -122,9 +127,10 @@ class Qwen3Model(nn.Module):
             raise ValueError(
                 f"tokens has shape {tuple(tokens.shape)}, expected ({B}, {L}) [B, L] from metadata"
             )
-        attention = self._step_attention(metadata, kv)
         if self.compile_decode and L == 1 and self.attention_mode is AttentionMode.PAGED:
+            _check_page_storage(self.attention_mode, kv)
             return self._compiled_decode(tokens, metadata, kv)
+        attention = self._step_attention(metadata, kv)
         offsets = metadata.positions.reshape(B, L)[:, 0]
         hidden = self.model(tokens, offsets, attention)
         self.copied_bytes += attention.copied_bytes
@@ -138,14 +144,11 @@ class Qwen3Model(nn.Module):
 
     def _step_attention(self, metadata: BatchMetadata, kv: KVStorage) -> StepAttention:
         scale = self.args.head_dim**-0.5
-        dense_store = isinstance(kv, DenseKVStore)
         if self.attention_mode is AttentionMode.DENSE:
-            if not dense_store:
+            if not isinstance(kv, DenseKVStore):
                 raise TypeError(f"the dense baseline needs its DenseKVStore, got {kv!r}")
             return DenseStepAttention(self.backend, kv, metadata, scale)
-        # A dense cache handed to the paged model is a programming error, never a fallback.
-        if dense_store or not isinstance(kv, KVStorage):
-            raise TypeError(f"{self.attention_mode.value} attention needs page storage, got {kv!r}")
+        _check_page_storage(self.attention_mode, kv)
         if self.attention_mode is AttentionMode.GATHER:
             return GatherStepAttention(self.backend, kv, metadata, scale)
         return PagedStepAttention(self.backend, kv, metadata, scale)
@@ -155,6 +158,8 @@ class Qwen3Model(nn.Module):
         mlx-community layout) and records it in `args`, so `save_pretrained` writes it."""
         nn.quantize(self, group_size=quantization.group_size, bits=quantization.bits)
         self.args = self.args.with_quantization(quantization)
+        # Traces of the float network are dead now; drop them (and MLX's graphs with them).
+        self._compiled_decode.reset()
 
     @staticmethod
     def sanitize(weights: Mapping[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
@@ -165,3 +170,9 @@ class Qwen3Model(nn.Module):
             if "rotary_emb.inv_freq" not in name
             and not (args.tie_word_embeddings and name.startswith("lm_head."))
         }
+
+
+def _check_page_storage(mode: AttentionMode, kv: KVStorage) -> None:
+    # A dense cache handed to the paged model is a programming error, never a fallback.
+    if isinstance(kv, DenseKVStore) or not isinstance(kv, KVStorage):
+        raise TypeError(f"{mode.value} attention needs page storage, got {kv!r}")

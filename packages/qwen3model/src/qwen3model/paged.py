@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
+from qwen3model.attention import attend_dense
+
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
 
@@ -102,11 +104,11 @@ class GatherStepAttention(PagedStepAttention):
             key_pages, value_pages, md.block_table, md.context_lens, md.page_size
         )
         self.copied_bytes += dense_keys.nbytes + dense_values.nbytes
-        return self.backend.dense_attention(
+        return attend_dense(
+            self.backend,
             queries,
             dense_keys,
             dense_values,
-            scale=self.scale,
-            mask="causal",
             key_lens=md.context_lens,
+            scale=self.scale,
         )

@@ -17,11 +17,11 @@ __all__ = ["render_table", "write_json"]
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.1f} GiB"
 
 
 _ROWS: list[tuple[str, Callable[[ServingResult], str]]] = [
@@ -67,11 +67,14 @@ def write_json(
     *,
     trace: Trace,
     context: Mapping[str, Any],
+    provenance: Mapping[str, Any],
 ) -> None:
-    """Writes `{"trace": ..., "context": ..., "results": [...]}` (bytes and seconds raw)."""
+    """Writes `{"trace", "context", "provenance", "results"}` (bytes and seconds raw);
+    `provenance` sits at the top level, as in every results JSON of the project."""
     document = {
         "trace": dataclasses.asdict(trace),
         "context": dict(context),
+        "provenance": dict(provenance),
         "results": [dataclasses.asdict(r) for r in results],
     }
     Path(path).write_text(json.dumps(document, indent=2) + "\n")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from pagepool import BatchMetadata, KVStorage, PagePool
+from pagepool import BatchMetadata, KVStorage, PagePool, pages_for
 from pageruntime import Engine, SamplingParams
 from qwen3model.attention import AttentionMode
 from qwen3model.dense_baseline import DenseKVStore
@@ -22,6 +22,7 @@ from qwen3model.model import Qwen3Model
 __all__ = [
     "CPU_TRACE",
     "GPU_TRACE",
+    "TRACE_OVERRIDES",
     "ServingResult",
     "Trace",
     "TraceRequest",
@@ -71,13 +72,22 @@ class Trace:
             raise ValueError("prefill_step and page_size must be >= 1")
 
     @property
+    def longest_request_pages(self) -> int:
+        """Pages of one request with the longest prompt and output."""
+        return pages_for(self.max_input_len + self.max_output_len, self.page_size)
+
+    @property
     def num_pages(self) -> int:
         """Pages for `batch_size` requests of the longest prompt and output at once."""
-        longest = self.max_input_len + self.max_output_len
-        return self.batch_size * -(-longest // self.page_size)
+        return self.batch_size * self.longest_request_pages
 
 
-# serve-bench's default traces: the seed's on the GPU, one that takes about a minute on 2 cores.
+# The `Trace` fields a command line may override (the seed has a flag of its own).
+TRACE_OVERRIDES = tuple(field.name for field in dataclasses.fields(Trace) if field.name != "seed")
+
+
+# serve-bench's default traces: the seed's on the GPU; on CPU one that runs the three variants
+# in under a minute on 2 cores.
 GPU_TRACE = Trace()
 CPU_TRACE = Trace(
     num_seqs=12, min_input_len=96, max_input_len=768, min_output_len=24, max_output_len=96
@@ -100,7 +110,8 @@ class TraceRequest:
 
     Attributes:
         prompt_ids: Prompt token ids.
-        max_new_tokens: Tokens to generate (end-of-sequence is ignored).
+        max_new_tokens: Most tokens to generate. No stop tokens are set, so a request ends
+            early only at the model's `max_seq_len`.
     """
 
     prompt_ids: tuple[int, ...]
@@ -130,7 +141,8 @@ class ServingResult:
             decode steps ran through `mx.compile` (`Qwen3Model.compile_decode`).
         num_requests: Requests served.
         prefill_tokens: Tokens prefilled (recomputation after preemption included).
-        output_tokens: Tokens generated.
+        output_tokens: Tokens the engine generated (every rate counts these, never the
+            requests' `max_new_tokens`).
         wall_s: Seconds from the first submission to the last token.
         prefill_tokens_per_s: Prefill tokens per second of synchronized prefill calls.
         output_tokens_per_s: Generated tokens per wall-clock second.
@@ -181,6 +193,10 @@ class _TimedModel:
     @property
     def max_seq_len(self) -> int:
         return self.model.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
 
     def make_kv_storage(self, pool: PagePool) -> KVStorage:
         self.pool, self.kv = pool, self.model.make_kv_storage(pool)
@@ -242,15 +258,17 @@ def run_variant(
         engine.add_request(
             request.prompt_ids, SamplingParams(max_new_tokens=request.max_new_tokens)
         )
+    output_tokens = 0  # counted as generated: a request may end before max_new_tokens
     while engine.has_unfinished():
         for event in engine.step():
             if event.error is not None:
                 raise RuntimeError(f"request {event.request_id} failed: {event.error}")
-            if event.token is not None and on_token is not None:
-                on_token()
+            if event.token is not None:
+                output_tokens += 1
+                if on_token is not None:
+                    on_token()
     wall = time.perf_counter() - start
     stats = engine.stats
-    output_tokens = sum(r.max_new_tokens for r in requests)
     decode_ms = sorted(1000 * t for t in timed.decode_times) or [0.0]
     assert timed.kv is not None
     if isinstance(timed.kv, DenseKVStore):
