@@ -6,7 +6,7 @@
 #   call 1: carry [".gpu-a"], command: bash .gpu-a/stash.sh
 #   call 2: carry [".gpu-b", ".whl"], command:
 #           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
-# Stages (default: all): build test bench serve mlxlm. .whl/ holds wheels the machine lacks
+# Stages (default: build test bench serve mlxlm): build test bench serve mlxlm admission profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,5 +73,32 @@ if has_stage mlxlm; then
   section "mlx-lm BatchGenerator on the same trace (outside reference)"
   timeout "${MLXLM_TIMEOUT_S:-150}" python3 benchmarks/mlx_lm_reference.py --device gpu \
     --json-output "$OUT/mlx_lm.json" 2>&1 | tee "$OUT/mlx_lm.log" | tail -n 20
+fi
+if has_stage admission; then
+  section "admission sweep (KV budgets in longest requests)"
+  timeout "${ADMISSION_TIMEOUT_S:-240}" python3 benchmarks/admission_sweep.py --device gpu \
+    --budgets ${ADMISSION_BUDGETS:-1 2 4} --json-output "$OUT/admission.json" \
+    2>&1 | tee "$OUT/admission.log" | tail -n 14
+fi
+
+if has_stage profile; then
+  section "decode step: whole step against its parts"
+  timeout 240 python3 benchmarks/decode_step.py --device gpu --json-output "$OUT/decode_step.json" \
+    2>&1 | tee "$OUT/decode_step.log" | tail -n 12
+  section "ncu: small decode shapes"
+  timeout 180 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section LaunchStats --section Occupancy \
+    -k regex:"attention|merge" python3 benchmarks/ncu_cases.py ${NCU_CASES:-} \
+    > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
+  echo "ncu rc=$?"; grep -E "attention_mma|merge_splits|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Grid Size" "$OUT/ncu.txt" | head -n 60
+  if command -v nsys >/dev/null; then
+    section "nsys: compiled decode steps"
+    timeout 180 nsys profile -t cuda,nvtx -o "$OUT/step" --force-overwrite true \
+      python3 benchmarks/decode_step.py --device gpu --steps 10 > "$OUT/nsys.log" 2>&1
+    nsys stats -r cuda_gpu_kern_sum,cuda_api_sum,nvtx_sum "$OUT/step.nsys-rep" > "$OUT/nsys-stats.txt" 2>&1
+    head -n 60 "$OUT/nsys-stats.txt"; rm -f "$OUT/step.nsys-rep" "$OUT/step.sqlite"
+  else
+    echo "nsys not installed"
+  fi
 fi
 section "done"

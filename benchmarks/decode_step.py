@@ -1,0 +1,202 @@
+"""Where one decode step's time goes: the whole step against chains of its parts.
+
+Builds a synthetic model (random weights, no download), fills a page pool so every row of a
+batch has `--context` tokens, and times, each as the median of `--steps` evaluations after a
+warm-up:
+
+- `step` / `step+compile`: `Qwen3Model.step` for one decode token per row (`L = 1`), as the
+  engine runs it (uncompiled, and through `mx.compile`);
+- `linears M=B` / `linears M=1`: every projection of every layer and the LM head as independent
+  `x @ W.T` in one evaluation, with `B` rows and with one (MLX takes a GEMV kernel for one row
+  and cuBLAS otherwise), against the weight-streaming floor;
+- `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes;
+- `tiny ops`: `--tiny-ops` dependent one-element additions (about a Qwen3-4B step's operation
+  count): MLX's per-operation cost with no work in it.
+
+    python3 benchmarks/decode_step.py --device gpu --json-output out/decode_step.json
+
+A step far above the sum of the weight floor and the attention chain is bounded by
+per-operation overhead, not by the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from pagekernels import get_backend
+from pagepool import BatchMetadata, PagePool
+from qwen3model.provenance import collect_provenance
+from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
+
+__all__ = ["main"]
+
+_DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+
+
+def _median_ms(run: Callable[[], list[mx.array]], steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        mx.eval(run())
+    samples = []
+    for _ in range(steps):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval(run())
+        samples.append(1000 * (time.perf_counter() - start))
+    return statistics.median(samples)
+
+
+def _linear_weights(model: nn.Module) -> list[mx.array]:
+    weights = [
+        module.weight for _, module in model.named_modules() if isinstance(module, nn.Linear)
+    ]
+    if model.args.tie_word_embeddings:
+        weights.append(model.model.embed_tokens.weight)
+    return weights
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
+    parser.add_argument("--model", default="qwen3-4b", choices=sorted(SYNTHETIC_CONFIGS))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--tiny-ops",
+        type=int,
+        default=800,
+        help="one-element additions in the per-operation probe (about the "
+        "operation count of a Qwen3-4B step)",
+    )
+    parser.add_argument("--json-output", type=Path)
+    args = parser.parse_args(argv)
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    dtype = _DTYPES[args.dtype]
+
+    backend = get_backend("native")
+    model, _ = build_synthetic(args.model, backend=backend, dtype=dtype)
+    cfg = model.args
+    B, ctx, ps = args.batch, args.context, args.page_size
+    pages_per_row = -(-ctx // ps)
+    pool = PagePool(ps, B * pages_per_row + 1)
+    kv = model.make_kv_storage(pool)
+    rows = [pool.allocate(pages_per_row) for _ in range(B)]
+    block_table = [list(r) for r in rows]
+    metadata = BatchMetadata.from_host(
+        block_table, [ctx] * B, query_len=1, page_size=ps, num_pages=pool.capacity
+    )
+    for layer in range(cfg.num_hidden_layers):
+        kv.update_layer(
+            layer,
+            mx.random.normal(kv.keys[layer].shape).astype(dtype),
+            mx.random.normal(kv.values[layer].shape).astype(dtype),
+        )
+    mx.eval(kv.keys, kv.values)
+    tokens = mx.random.randint(0, cfg.vocab_size, (B, 1)).astype(mx.int32)
+
+    def step() -> list[mx.array]:
+        return [model.step(tokens, metadata, kv), *kv.keys, *kv.values]
+
+    weights = _linear_weights(model)
+    weight_bytes = sum(w.nbytes for w in weights)
+    inputs = {
+        (rows_, w.shape[1]): mx.random.normal((rows_, w.shape[1])).astype(dtype)
+        for rows_ in (1, B)
+        for w in weights
+    }
+    mx.eval(list(inputs.values()))
+
+    def linears(rows_: int) -> Callable[[], list[mx.array]]:
+        return lambda: [inputs[rows_, w.shape[1]] @ w.T for w in weights]
+
+    Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = mx.random.normal((B, Hq, 1, D)).astype(dtype)
+    new_k = mx.random.normal((B, Hkv, D)).astype(dtype)
+    new_v = mx.random.normal((B, Hkv, D)).astype(dtype)
+    mx.eval(q, new_k, new_v)
+
+    def attention() -> list[mx.array]:
+        outs = []
+        for layer in range(cfg.num_hidden_layers):
+            k_pages, v_pages = backend.write_kv(
+                kv.keys[layer], kv.values[layer], new_k, new_v, metadata.slot_mapping
+            )
+            outs.append(
+                backend.paged_attention(
+                    q,
+                    k_pages,
+                    v_pages,
+                    metadata.block_table,
+                    metadata.context_lens,
+                    ps,
+                    scale=D**-0.5,
+                    mask="causal",
+                )
+            )
+        return outs
+
+    one = mx.ones((1,), dtype=dtype)
+    mx.eval(one)
+    ops_per_step = args.tiny_ops
+
+    def tiny_ops() -> list[mx.array]:
+        x = one
+        for _ in range(ops_per_step):
+            x = x + one
+        return [x]
+
+    results: dict[str, float] = {}
+    results["step"] = _median_ms(step, args.steps)
+    model.compile_decode = True
+    results["step+compile"] = _median_ms(step, args.steps)
+    model.compile_decode = False
+    results[f"linears M={B}"] = _median_ms(linears(B), args.steps)
+    results["linears M=1"] = _median_ms(linears(1), args.steps)
+    results["attention"] = _median_ms(attention, args.steps)
+    results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
+
+    floor_ms = weight_bytes / 4.3e12 * 1e3
+    print(
+        f"{args.model} {args.dtype} B={B} ctx={ctx} ps={ps}: {len(weights)} linears, "
+        f"{weight_bytes / 1e9:.2f} GB (floor {floor_ms:.2f} ms at 4.3 TB/s)"
+    )
+    for name, ms in results.items():
+        print(f"  {name:<22} {ms:8.3f} ms")
+    if args.json_output:
+        args.json_output.parent.mkdir(parents=True, exist_ok=True)
+        args.json_output.write_text(
+            json.dumps(
+                {
+                    "kind": "decode_step",
+                    "provenance": collect_provenance(args.device),
+                    "shape": {
+                        "model": args.model,
+                        "dtype": args.dtype,
+                        "batch": B,
+                        "context": ctx,
+                        "page_size": ps,
+                        "steps": args.steps,
+                    },
+                    "weight_bytes": weight_bytes,
+                    "weight_floor_ms": floor_ms,
+                    "median_ms": results,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
