@@ -6,9 +6,10 @@ warm-up:
 
 - `step` / `step+compile`: `Qwen3Model.step` for one decode token per row (`L = 1`), as the
   engine runs it (uncompiled, and through `mx.compile`);
-- `linears M=B` / `linears M=1`: every projection of every layer and the LM head as independent
-  `x @ W.T` in one evaluation, with `B` rows and with one (MLX takes a GEMV kernel for one row
-  and cuBLAS otherwise), against the weight-streaming floor;
+- `linears`: every projection of every layer and the LM head as independent products in one
+  evaluation, against the weight-streaming floor: through the backend's `linear` (the model's
+  path) with `B` rows, and as `x @ W.T` with `B` rows and with one (MLX takes its GEMV kernel for
+  one row and cuBLASLt otherwise);
 - `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes;
 - `tiny ops`: `--tiny-ops` dependent one-element additions (about a Qwen3-4B step's operation
   count): MLX's per-operation cost with no work in it.
@@ -117,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     mx.eval(list(inputs.values()))
 
-    def linears(rows_: int) -> Callable[[], list[mx.array]]:
-        return lambda: [inputs[rows_, w.shape[1]] @ w.T for w in weights]
+    def linears(rows_: int, product: Callable[[mx.array, mx.array], mx.array]):
+        return lambda: [product(inputs[rows_, w.shape[1]], w) for w in weights]
+
+    def matmul(x: mx.array, w: mx.array) -> mx.array:
+        return x @ w.T
 
     Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q = mx.random.normal((B, Hq, 1, D)).astype(dtype)
@@ -161,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
     model.compile_decode = False
-    results[f"linears M={B}"] = _median_ms(linears(B), args.steps)
-    results["linears M=1"] = _median_ms(linears(1), args.steps)
+    results[f"linears M={B} backend"] = _median_ms(linears(B, backend.linear), args.steps)
+    results[f"linears M={B} matmul"] = _median_ms(linears(B, matmul), args.steps)
+    results["linears M=1 matmul"] = _median_ms(linears(1, matmul), args.steps)
     results["attention"] = _median_ms(attention, args.steps)
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
 

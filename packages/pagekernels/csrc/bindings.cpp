@@ -84,4 +84,14 @@ NB_MODULE(_ext, m) {
         "Rows of an mx.quantize'd (affine) table: weight uint32 [V,dims*bits/32], "
         "scales/biases [V,dims/group_size]. Returns [*indices.shape, dims] in the scales' "
         "dtype; out-of-range indices give zero rows.");
+
+  m.def("linear", &pagekernels::linear, "x"_a, "weight"_a, nb::kw_only(),
+        "use_kernel"_a = nb::none(), "stream"_a = nb::none(),
+        nb::sig("def linear(x: mlx.core.array, weight: mlx.core.array, *, "
+                "use_kernel: bool | None = None, "
+                "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
+        "x [..., K] @ weight [N, K]^T -> [..., N]. use_kernel: None = the small-batch kernel "
+        "where it applies (GPU, float16/bfloat16, <= 16 rows, K % 64 == 0), else matmul; "
+        "True = always the kernel; False = always matmul.");
+  m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
 }

@@ -1,4 +1,4 @@
-// The five pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
+// The six pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
 //
 // Shape letters (B, Hq, Hkv, L, S, D, P, ps, T) as defined in the pagekernels package docstring
 // (src/pagekernels/__init__.py) and the README.
@@ -56,5 +56,15 @@ mx::array dense_attention(const mx::array& queries, const mx::array& keys,
 mx::array quantized_embedding(const mx::array& indices, const mx::array& weight,
                               const mx::array& scales, const mx::array& biases, int group_size,
                               int bits, mx::StreamOrDevice s = {});
+
+// Rows the linear kernel takes at most (a decode step's batch); more rows use mx::matmul.
+constexpr int kLinearMaxRows = 16;
+
+// x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype (weight: nn.Linear's layout). use_kernel:
+// none = the kernel where it applies (GPU stream, float16/bfloat16, at most kLinearMaxRows rows,
+// K % 64 == 0), mx::matmul otherwise; true = always the kernel (error where it does not apply);
+// false = always mx::matmul.
+mx::array linear(const mx::array& x, const mx::array& weight,
+                 std::optional<bool> use_kernel = std::nullopt, mx::StreamOrDevice s = {});
 
 }  // namespace pagekernels

@@ -94,4 +94,17 @@ class QuantizedEmbedding : public mx::Primitive {
   const int bits_;
 };
 
+// inputs: x [M, K], weight [N, K] (float16/bfloat16, M <= kLinearMaxRows, K % 64 == 0)
+// -> x @ weight^T [M, N]
+class Linear : public mx::Primitive {
+ public:
+  explicit Linear(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "Linear"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }  // no attributes
+  std::tuple<> state() const { return {}; }
+};
+
 }  // namespace pagekernels

@@ -13,7 +13,14 @@ import pytest
 import pagekernels
 from pagekernels import KernelBackend, ModuleBackend, available_backends, get_backend
 
-OPS = ["paged_attention", "write_kv", "gather_kv", "dense_attention", "quantized_embedding"]
+OPS = [
+    "paged_attention",
+    "write_kv",
+    "gather_kv",
+    "dense_attention",
+    "quantized_embedding",
+    "linear",
+]
 
 
 @pytest.mark.parametrize("name", ["native", "reference"])
@@ -66,7 +73,8 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
 
             from pagekernels import ModuleBackend
             from pagekernels.reference import (
-                dense_attention, gather_kv, paged_attention, quantized_embedding, write_kv,
+                dense_attention, gather_kv, linear, paged_attention, quantized_embedding,
+                write_kv,
             )
 
             backend = ModuleBackend("third", sys.modules[__name__])

@@ -25,7 +25,7 @@ ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The five kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The six kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -97,6 +97,10 @@ class KernelBackend(Protocol):
         """Integer indices `[...]` of an `mx.quantize`d table -> `[..., dims]` (scales' dtype)."""
         ...
 
+    def linear(self, x: mx.array, weight: mx.array) -> mx.array:
+        """x `[..., K]` @ weight `[N, K]`.T -> `[..., N]` (a projection of `mlx.nn.Linear`)."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -104,15 +108,17 @@ class ModuleBackend:
     Args:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
-            `dense_attention` and `quantized_embedding` with the protocol's signatures.
+            `dense_attention`, `quantized_embedding` and `linear` with the protocol's
+            signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the five ops.
+        AttributeError: If `module` lacks one of the six ops.
     """
 
     __slots__ = (
         "dense_attention",
         "gather_kv",
+        "linear",
         "module",
         "name",
         "paged_attention",
@@ -128,6 +134,7 @@ class ModuleBackend:
         self.gather_kv = module.gather_kv
         self.dense_attention = module.dense_attention
         self.quantized_embedding = module.quantized_embedding
+        self.linear = module.linear
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"

@@ -19,6 +19,7 @@ __all__ = [
     "backend",
     "dense_attention",
     "gather_kv",
+    "linear",
     "paged_attention",
     "quantized_embedding",
     "with_cuda",
@@ -214,6 +215,28 @@ def quantized_embedding(
     return _ext.quantized_embedding(
         indices, weight, scales, biases, group_size=group_size, bits=bits, stream=stream
     )
+
+
+def linear(x: mx.array, weight: mx.array, *, stream: StreamOrDevice = None) -> mx.array:
+    """`x @ weight.T` for the projections of a decode step.
+
+    On a GPU stream, float16/bfloat16 inputs with at most `_ext.linear_max_rows` (16) rows
+    and `K % 64 == 0` run one kernel node that reads each weight byte once (MLX would take
+    cuBLASLt, whose per-call host cost exceeds the weights' streaming time at these sizes);
+    everything else is `mx.matmul`. `_ext.linear(..., use_kernel=True/False)` forces one path.
+
+    Args:
+        x: `[..., K]` float32, float16 or bfloat16.
+        weight: `[N, K]`, x's dtype (the layout of `mlx.nn.Linear.weight`).
+        stream: Stream or device to run on.
+
+    Returns:
+        `[..., N]` in x's dtype.
+
+    Raises:
+        ValueError: On ranks, dtypes or a K that do not fit together.
+    """
+    return _ext.linear(x, weight, stream=stream)
 
 
 #: The `native` entry point of the `pagekernels.backends` group.

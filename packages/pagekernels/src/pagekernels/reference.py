@@ -21,6 +21,7 @@ __all__ = [
     "backend",
     "dense_attention",
     "gather_kv",
+    "linear",
     "paged_attention",
     "quantized_embedding",
     "write_kv",
@@ -174,6 +175,15 @@ def quantized_embedding(
         weight[rows], scales[rows], biases[rows], group_size=group_size, bits=bits
     )
     return mx.where(valid[..., None], table, 0.0).astype(scales.dtype)
+
+
+def linear(x: mx.array, weight: mx.array) -> mx.array:
+    """`x @ weight.T`; see `pagekernels.native.linear`.
+
+    Returns:
+        `[..., N]` in x's dtype.
+    """
+    return x @ weight.T
 
 
 #: The `reference` entry point of the `pagekernels.backends` group.

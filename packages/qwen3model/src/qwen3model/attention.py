@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from qwen3model.config import ModelArgs
+from qwen3model.projection import Projection
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -93,9 +94,10 @@ class Attention(nn.Module):
     Args:
         args: The network's shape.
         layer_index: This layer's index (selects its K/V in the step's store).
+        backend: Kernel backend of the projections.
     """
 
-    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.n_heads = args.num_attention_heads
@@ -103,10 +105,10 @@ class Attention(nn.Module):
         self.head_dim = args.head_dim
         self.rope_theta = args.rope_theta
         hidden, D = args.hidden_size, args.head_dim
-        self.q_proj = nn.Linear(hidden, self.n_heads * D, bias=False)
-        self.k_proj = nn.Linear(hidden, self.n_kv_heads * D, bias=False)
-        self.v_proj = nn.Linear(hidden, self.n_kv_heads * D, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * D, hidden, bias=False)
+        self.q_proj = Projection(hidden, self.n_heads * D, backend)
+        self.k_proj = Projection(hidden, self.n_kv_heads * D, backend)
+        self.v_proj = Projection(hidden, self.n_kv_heads * D, backend)
+        self.o_proj = Projection(self.n_heads * D, hidden, backend)
         self.q_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
         self.k_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
 

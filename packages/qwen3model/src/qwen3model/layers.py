@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from qwen3model.attention import Attention, StepAttention
 from qwen3model.config import ModelArgs
+from qwen3model.projection import Projection
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -20,11 +21,11 @@ __all__ = ["MLP", "Qwen3Backbone", "TransformerBlock"]
 class MLP(nn.Module):
     """SwiGLU: `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, backend: KernelBackend) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Projection(hidden_size, intermediate_size, backend)
+        self.up_proj = Projection(hidden_size, intermediate_size, backend)
+        self.down_proj = Projection(intermediate_size, hidden_size, backend)
 
     def __call__(self, x: mx.array) -> mx.array:
         """Maps `[..., hidden]` to `[..., hidden]` in the weights' dtype."""
@@ -34,10 +35,10 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm block: `x + attn(norm(x))`, then `h + mlp(norm(h))`."""
 
-    def __init__(self, args: ModelArgs, layer_index: int) -> None:
+    def __init__(self, args: ModelArgs, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
-        self.self_attn = Attention(args, layer_index)
-        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.self_attn = Attention(args, layer_index, backend)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size, backend)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
@@ -53,14 +54,15 @@ class Qwen3Backbone(nn.Module):
 
     Args:
         args: The network's shape.
-        backend: Kernel backend; its `quantized_embedding` looks up quantized embeddings.
+        backend: Kernel backend: the blocks' projections and attention, and quantized
+            embedding lookups.
     """
 
     def __init__(self, args: ModelArgs, backend: KernelBackend) -> None:
         super().__init__()
         self.backend = backend
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
+        self.layers = [TransformerBlock(args, i, backend) for i in range(args.num_hidden_layers)]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def embed(self, tokens: mx.array) -> mx.array:

@@ -16,6 +16,7 @@ from qwen3model.config import ModelArgs, QuantizationArgs
 from qwen3model.dense_baseline import DenseKVStore, DenseStepAttention
 from qwen3model.layers import Qwen3Backbone
 from qwen3model.paged import GatherStepAttention, PagedStepAttention
+from qwen3model.projection import Projection
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -68,7 +69,7 @@ class Qwen3Model(nn.Module):
         self._max_seq_len = limit
         self.model = Qwen3Backbone(args, backend)
         if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            self.lm_head = Projection(args.hidden_size, args.vocab_size, backend)
         self.copied_bytes = 0
         self.compile_decode = compile_decode
         self._compiled_decode = CompiledDecode(self)
@@ -138,8 +139,11 @@ class Qwen3Model(nn.Module):
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Maps normed hidden states `[..., hidden]` to float32 logits `[..., vocab]`."""
+        embedding = self.model.embed_tokens
+        if self.args.tie_word_embeddings and isinstance(embedding, nn.QuantizedEmbedding):
+            return embedding.as_linear(hidden).astype(mx.float32)
         if self.args.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(hidden).astype(mx.float32)
+            return self.backend.linear(hidden, embedding.weight).astype(mx.float32)
         return self.lm_head(hidden).astype(mx.float32)
 
     def _step_attention(self, metadata: BatchMetadata, kv: KVStorage) -> StepAttention:

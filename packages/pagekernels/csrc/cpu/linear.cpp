@@ -1,0 +1,51 @@
+// Linear::eval_cpu: x [M, K] @ weight [N, K]^T with fp32 accumulation, one task per block of
+// output columns (each weight row is read once, as on the GPU).
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/dispatch.h"
+#include "cpu/parallel.h"
+#include "primitives.h"
+
+namespace pagekernels {
+
+namespace {
+
+constexpr int kColumnsPerTask = 64;
+
+struct NoScratch {};
+
+}  // namespace
+
+void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  if (!cpu::allocate_outputs(outputs)) return;
+  const auto& x = inputs[0];
+  const auto& weight = inputs[1];
+  auto& out = outputs[0];
+  auto& enc = cpu::encoder_for(stream(), inputs, outputs);
+  const int rows = x.shape(0);
+  const int depth = x.shape(1);
+  const int columns = weight.shape(0);
+  cpu::dispatch_float(x.dtype(), name(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    enc.dispatch([xs = x.data<T>(), ws = weight.data<T>(), ys = out.data<T>(), rows, depth,
+                  columns] {
+      const int tasks = (columns + kColumnsPerTask - 1) / kColumnsPerTask;
+      const int64_t work = int64_t{rows} * depth * columns;
+      cpu::parallel_tasks<NoScratch>(tasks, work, [&](int task, NoScratch&) {
+        const int end = std::min(columns, (task + 1) * kColumnsPerTask);
+        for (int n = task * kColumnsPerTask; n < end; ++n) {
+          const T* w = ws + int64_t{n} * depth;
+          for (int m = 0; m < rows; ++m) {
+            const T* xr = xs + int64_t{m} * depth;
+            float sum = 0.0f;
+            for (int k = 0; k < depth; ++k) sum += cpu::to_float(xr[k]) * cpu::to_float(w[k]);
+            ys[int64_t{m} * columns + n] = cpu::from_float<T>(sum);
+          }
+        }
+      });
+    });
+  });
+}
+
+}  // namespace pagekernels
