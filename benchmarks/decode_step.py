@@ -9,7 +9,8 @@ warm-up:
 - `linears`: every projection of every layer and the LM head as independent products in one
   evaluation, against the weight-streaming floor: through the backend's `linear` (the model's
   path) with `B` rows, and as `x @ W.T` with `B` rows and with one (MLX takes its GEMV kernel for
-  one row and cuBLASLt otherwise);
+  one row and cuBLASLt otherwise); then the same per weight shape (all of the model's weights of
+  that shape in one evaluation), in us per product and GB/s of weights read;
 - `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes;
 - `tiny ops`: `--tiny-ops` dependent one-element additions (about a Qwen3-4B step's operation
   count): MLX's per-operation cost with no work in it.
@@ -118,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     mx.eval(list(inputs.values()))
 
-    def linears(rows_: int, product: Callable[[mx.array, mx.array], mx.array]):
-        return lambda: [product(inputs[rows_, w.shape[1]], w) for w in weights]
+    def linears(
+        rows_: int, product: Callable[[mx.array, mx.array], mx.array], group: list[mx.array]
+    ) -> Callable[[], list[mx.array]]:
+        return lambda: [product(inputs[rows_, w.shape[1]], w) for w in group]
 
     def matmul(x: mx.array, w: mx.array) -> mx.array:
         return x @ w.T
@@ -165,9 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
     model.compile_decode = False
-    results[f"linears M={B} backend"] = _median_ms(linears(B, backend.linear), args.steps)
-    results[f"linears M={B} matmul"] = _median_ms(linears(B, matmul), args.steps)
-    results["linears M=1 matmul"] = _median_ms(linears(1, matmul), args.steps)
+    products = {
+        f"M={B} backend": (B, backend.linear),
+        f"M={B} matmul": (B, matmul),
+        "M=1 matmul": (1, matmul),
+    }
+    for label, (rows_, product) in products.items():
+        results[f"linears {label}"] = _median_ms(linears(rows_, product, weights), args.steps)
+    by_shape: dict[str, dict[str, dict[str, float]]] = {}
+    for shape in sorted({tuple(w.shape) for w in weights}):
+        group = [w for w in weights if tuple(w.shape) == shape]
+        per_call = {}
+        for label, (rows_, product) in products.items():
+            us = 1000 * _median_ms(linears(rows_, product, group), args.steps) / len(group)
+            per_call[label] = {"us": us, "GB/s": group[0].nbytes / us / 1e3}
+        by_shape[f"{shape[0]}x{shape[1]} x{len(group)}"] = per_call
     results["attention"] = _median_ms(attention, args.steps)
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
 
@@ -178,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, ms in results.items():
         print(f"  {name:<22} {ms:8.3f} ms")
+    print("  per weight shape [N x K x count]: us per product (GB/s of weights)")
+    for shape, per_call in by_shape.items():
+        cells = "  ".join(f"{k}: {v['us']:7.1f} ({v['GB/s']:5.0f})" for k, v in per_call.items())
+        print(f"  {shape:<16} {cells}")
     if args.json_output:
         args.json_output.parent.mkdir(parents=True, exist_ok=True)
         args.json_output.write_text(
@@ -196,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     "weight_bytes": weight_bytes,
                     "weight_floor_ms": floor_ms,
                     "median_ms": results,
+                    "linear_by_shape": by_shape,
                 },
                 indent=2,
             )
