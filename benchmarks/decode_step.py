@@ -17,6 +17,11 @@ warm-up:
 
     python3 benchmarks/decode_step.py --device gpu --json-output out/decode_step.json
 
+`--kernel-trace` (GPU, needs PyTorch in the same environment, as on the lent H200) also records
+every CUDA kernel of `--steps` compiled steps through `torch.profiler` (CUPTI sees MLX's graph
+launches too) and reports GPU time per step by kernel: the step's kernel time against its wall
+time separates device work from host overhead.
+
 A step far above the sum of the weight floor and the attention chain is bounded by
 per-operation overhead, not by the kernels.
 """
@@ -65,6 +70,28 @@ def _linear_weights(model: nn.Module) -> list[mx.array]:
     return weights
 
 
+def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, object]:
+    """GPU kernels of `steps` evaluations of `run`, by name: calls and microseconds per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mx.eval(run())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            mx.eval(run())
+        mx.synchronize()
+    kernels = []
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if us > 0:
+            kernels.append({"kernel": event.key, "calls": event.count / steps, "us": us / steps})
+    kernels.sort(key=lambda k: -k["us"])
+    return {
+        "kernel_us_per_step": sum(k["us"] for k in kernels),
+        "kernels_per_step": sum(k["calls"] for k in kernels),
+        "kernels": kernels,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
@@ -80,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         default=800,
         help="one-element additions in the per-operation probe (about the "
         "operation count of a Qwen3-4B step)",
+    )
+    parser.add_argument(
+        "--kernel-trace", action="store_true", help="per-kernel GPU time (needs torch)"
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
@@ -186,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     results["attention"] = _median_ms(attention, args.steps)
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
 
+    trace = None
+    if args.kernel_trace:
+        model.compile_decode = True
+        trace = _kernel_trace(step, args.steps)
+        model.compile_decode = False
+
     floor_ms = weight_bytes / 4.3e12 * 1e3
     print(
         f"{args.model} {args.dtype} B={B} ctx={ctx} ps={ps}: {len(weights)} linears, "
@@ -197,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     for shape, per_call in by_shape.items():
         cells = "  ".join(f"{k}: {v['us']:7.1f} ({v['GB/s']:5.0f})" for k, v in per_call.items())
         print(f"  {shape:<16} {cells}")
+    if trace is not None:
+        print(
+            f"  compiled step: {trace['kernels_per_step']:.0f} kernels, "
+            f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step; top 15:"
+        )
+        for k in trace["kernels"][:15]:
+            print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")
     if args.json_output:
         args.json_output.parent.mkdir(parents=True, exist_ok=True)
         args.json_output.write_text(
@@ -216,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     "weight_floor_ms": floor_ms,
                     "median_ms": results,
                     "linear_by_shape": by_shape,
+                    "kernel_trace": trace,
                 },
                 indent=2,
             )

@@ -86,22 +86,13 @@ fi
 
 if has_stage profile; then
   section "decode step: whole step against its parts"
-  timeout 240 python3 benchmarks/decode_step.py --device gpu --json-output "$OUT/decode_step.json" \
-    2>&1 | tee "$OUT/decode_step.log" | tail -n 12
+  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --json-output "$OUT/decode_step.json" \
+    2>&1 | tee "$OUT/decode_step.log" | tail -n 40
   section "ncu: small decode shapes"
   timeout 180 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --section Occupancy \
     -k regex:"attention|merge" python3 benchmarks/ncu_cases.py ${NCU_CASES:-} \
     > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
   echo "ncu rc=$?"; grep -E "attention_mma|merge_splits|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Grid Size" "$OUT/ncu.txt" | head -n 60
-  if command -v nsys >/dev/null; then
-    section "nsys: compiled decode steps"
-    timeout 180 nsys profile -t cuda,nvtx -o "$OUT/step" --force-overwrite true \
-      python3 benchmarks/decode_step.py --device gpu --steps 10 > "$OUT/nsys.log" 2>&1
-    nsys stats -r cuda_gpu_kern_sum,cuda_api_sum,nvtx_sum "$OUT/step.nsys-rep" > "$OUT/nsys-stats.txt" 2>&1
-    head -n 60 "$OUT/nsys-stats.txt"; rm -f "$OUT/step.nsys-rep" "$OUT/step.sqlite"
-  else
-    echo "nsys not installed"
-  fi
 fi
 section "done"
