@@ -39,7 +39,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from pagekernels import get_backend
+from pagekernels import _ext, get_backend
 from pagepool import BatchMetadata, PagePool
 from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         default=800,
         help="one-element additions in the per-operation probe (about the "
         "operation count of a Qwen3-4B step)",
+    )
+    parser.add_argument(
+        "--linear-splits",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the CUDA linear kernel per weight shape at these forced K splits",
     )
     parser.add_argument(
         "--kernel-trace", action="store_true", help="per-kernel GPU time (needs torch)"
@@ -198,19 +205,31 @@ def main(argv: list[str] | None = None) -> int:
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
     model.compile_decode = False
-    products = {
-        f"M={B} backend": (B, backend.linear),
-        f"M={B} matmul": (B, matmul),
-        "M=1 matmul": (1, matmul),
-    }
-    for label, (rows_, product) in products.items():
-        results[f"linears {label}"] = _median_ms(linears(rows_, product, weights), args.steps)
+    # (rows, product, forced K splits of the CUDA linear kernel or None)
+    products = {f"M={B} backend": (B, backend.linear, 0)}
+    if hasattr(_ext, "set_linear_splits"):
+        products |= {f"M={B} s={s}": (B, backend.linear, s) for s in args.linear_splits}
+    products |= {f"M={B} matmul": (B, matmul, None), "M=1 matmul": (1, matmul, None)}
+
+    def time_products(group: list[mx.array], label: str) -> float:
+        rows_, product, splits = products[label]
+        if splits is not None and hasattr(_ext, "set_linear_splits"):
+            _ext.set_linear_splits(splits)
+        try:
+            return _median_ms(linears(rows_, product, group), args.steps)
+        finally:
+            if hasattr(_ext, "set_linear_splits"):
+                _ext.set_linear_splits(0)
+
+    for label in products:
+        if " s=" not in label:
+            results[f"linears {label}"] = time_products(weights, label)
     by_shape: dict[str, dict[str, dict[str, float]]] = {}
     for shape in sorted({tuple(w.shape) for w in weights}):
         group = [w for w in weights if tuple(w.shape) == shape]
         per_call = {}
-        for label, (rows_, product) in products.items():
-            us = 1000 * _median_ms(linears(rows_, product, group), args.steps) / len(group)
+        for label in products:
+            us = 1000 * time_products(group, label) / len(group)
             per_call[label] = {"us": us, "GB/s": group[0].nbytes / us / 1e3}
         by_shape[f"{shape[0]}x{shape[1]} x{len(group)}"] = per_call
     results["attention"] = _median_ms(attention, args.steps)
@@ -231,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<22} {ms:8.3f} ms")
     print("  per weight shape [N x K x count]: us per product (GB/s of weights)")
     for shape, per_call in by_shape.items():
-        cells = "  ".join(f"{k}: {v['us']:7.1f} ({v['GB/s']:5.0f})" for k, v in per_call.items())
+        cells = "  ".join(f"{k}: {v['us']:6.1f} ({v['GB/s']:4.0f})" for k, v in per_call.items())
         print(f"  {shape:<16} {cells}")
     if trace is not None:
         print(

@@ -86,13 +86,15 @@ fi
 
 if has_stage profile; then
   section "decode step: whole step against its parts"
-  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --json-output "$OUT/decode_step.json" \
+  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --linear-splits 1 2 4 8 --json-output "$OUT/decode_step.json" \
     2>&1 | tee "$OUT/decode_step.log" | tail -n 40
+  if [ "${NCU:-1}" = 1 ]; then
   section "ncu: small decode shapes"
   timeout 180 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --section Occupancy \
     -k regex:"attention|merge" python3 benchmarks/ncu_cases.py ${NCU_CASES:-} \
     > "$OUT/ncu.txt" 2> "$OUT/ncu.err"
   echo "ncu rc=$?"; grep -E "attention_mma|merge_splits|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Grid Size" "$OUT/ncu.txt" | head -n 60
+  fi
 fi
 section "done"

@@ -12,7 +12,6 @@ import pagekernels
 from pagekernels import _ext
 
 
-
 def _inputs(rows: tuple[int, ...], n: int, k: int, dtype: mx.Dtype, seed: int = 0):
     """x `[*rows, k]` and weight `[n, k]` scaled so each output is about N(0, 1)."""
     rng = np.random.default_rng(seed)
@@ -125,3 +124,34 @@ def test_forcing_the_kernel_where_it_does_not_apply_is_rejected(x_shape, k, dtyp
     w = mx.zeros((8, k), dtype=dtype)
     with pytest.raises(ValueError, match=r"^\[linear\] use_kernel=True but " + match):
         _ext.linear(x, w, use_kernel=True)
+
+
+def _gpu_only(test):
+    """Keeps `test` only where MLX has a CUDA GPU (pytest collects no `None` attribute)."""
+    return test if mx.cuda.is_available() else None
+
+
+@_gpu_only
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+@pytest.mark.parametrize(("rows", "n", "k"), [(4, 1024, 2560), (16, 200, 4096), (1, 48, 512)])
+def test_every_cluster_split_matches_the_equation(
+    poison_allocator, assert_close, splits, rows, n, k
+):
+    """Forced K splits (CTAs of one cluster adding tiles through distributed shared memory)."""
+    x, w = _inputs((rows,), n, k, mx.bfloat16, seed=splits)
+    mx.eval(x, w)
+    poison_allocator((rows, n), mx.bfloat16)
+    _ext.set_linear_splits(splits)
+    try:
+        out = _ext.linear(x, w, use_kernel=True, stream=mx.gpu)
+        mx.eval(out)
+    finally:
+        _ext.set_linear_splits(0)
+    assert_close(out, _oracle(x, w))
+
+
+@_gpu_only
+def test_linear_splits_knob_validates():
+    with pytest.raises(ValueError, match=r"splits must be 0 \(automatic\), 1, 2, 4 or 8, got 3"):
+        _ext.set_linear_splits(3)
+    assert _ext.linear_splits() == 0

@@ -13,13 +13,25 @@
 // x row g as 16-byte vectors (each load instruction reads 64 contiguous bytes per row). A dot
 // product may visit k in any order, as long as A and B agree: mma step j takes the lane's
 // elements 4j .. 4j + 3 as its k pairs {2c, 2c + 1} and {2c + 8, 2c + 9}, for A and for B alike,
-// so no shuffle or shared-memory staging is needed. A CTA owns 16 output columns; its kWarps
-// warps split K and add their partial tiles through shared memory.
+// so no shuffle or shared-memory staging is needed.
+//
+// Work split: 16 output columns per thread-block cluster of `splits` CTAs (1, 2, 4 or 8), whose
+// kWarps * splits warps take consecutive shares of K. Warps add their tiles in shared memory,
+// then the cluster's first CTA adds the other CTAs' tiles through distributed shared memory.
+// Splitting K gives small-N projections (k_proj, v_proj: 64 column tiles) enough CTAs to fill
+// the GPU, and evens out the last wave of the others; `plan_linear_splits` picks the count.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
+#include "cuda/tuning.h"
 
 namespace pagekernels::cuda {
+
+namespace cg = cooperative_groups;
 
 namespace {
 
@@ -82,14 +94,17 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
 
 template <typename T, int kTilesM>
 __global__ void __launch_bounds__(kThreads)
-    linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth,
-                  int blocks_per_warp) {
+    linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth) {
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
+  __shared__ float tile[kColumns * 8 * kTilesM];  // this CTA's sum, read by the cluster's rank 0
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
   const int c = lane % 4;
-  const int n0 = blockIdx.x * kColumns;
+  const int n0 = static_cast<int>(blockIdx.x) / splits * kColumns;
 
   // Rows past the matrix read nothing (null) and contribute zeros.
   const T* w_lo = n0 + g < columns ? w + int64_t{n0 + g} * depth + 8 * c : nullptr;
@@ -102,8 +117,10 @@ __global__ void __launch_bounds__(kThreads)
 
   float acc[kTilesM][4] = {};
   const int num_blocks = depth / kBlockK;
-  const int first = warp * blocks_per_warp;
-  const int last = min(first + blocks_per_warp, num_blocks);
+  const int warps = kWarps * splits;
+  const int per_warp = (num_blocks + warps - 1) / warps;
+  const int first = (rank * kWarps + warp) * per_warp;
+  const int last = min(first + per_warp, num_blocks);
   for (int b = first; b < last; b += kUnroll) {
     Fragments<kTilesM> f[kUnroll];
 #pragma unroll
@@ -125,26 +142,55 @@ __global__ void __launch_bounds__(kThreads)
     partial[warp][g + 8][8 * t + 2 * c + 1] = acc[t][3];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kColumns * 8 * kTilesM; i += kThreads) {
-    const int m = i / kColumns;  // consecutive threads write consecutive columns of one row
+  constexpr int kTileElems = kColumns * 8 * kTilesM;
+  for (int i = threadIdx.x; i < kTileElems; i += kThreads) {
+    const int m = i / kColumns;  // consecutive threads: consecutive columns of one row
     const int n = i % kColumns;
-    if (m >= rows || n0 + n >= columns) continue;
     float sum = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][n][m];
-    y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
+    tile[i] = sum;
   }
+  if (splits > 1) cluster.sync();  // every CTA's tile is complete
+  if (rank == 0) {
+    for (int i = threadIdx.x; i < kTileElems; i += kThreads) {
+      const int m = i / kColumns;
+      const int n = i % kColumns;
+      float sum = tile[i];
+      for (int r = 1; r < splits; ++r) sum += cluster.map_shared_rank(tile, r)[i];
+      if (m < rows && n0 + n < columns) y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
+    }
+  }
+  if (splits > 1) cluster.sync();  // the other CTAs' tiles stay alive until rank 0 has read them
+}
+
+// K splits per 16 output columns: the count in {1, 2, 4, 8} whose busiest CTA slot carries the
+// least work (in column tiles: ceil(tiles * s / slots) / s, the last wave included), the
+// smallest within 10 % of the best (each split adds a cluster barrier and a tile exchange);
+// never so many that a warp would get no k block.
+int plan_linear_splits(int64_t tiles, int64_t slots, int num_blocks) {
+  if (const int forced = linear_splits(); forced > 0) return forced;
+  auto load = [&](int s) {
+    return static_cast<double>((tiles * s + slots - 1) / slots) / s;
+  };
+  double best = load(1);
+  for (int s = 2; s <= 8 && s * kWarps <= num_blocks; s *= 2) best = std::min(best, load(s));
+  int chosen = 1;
+  while (load(chosen) > 1.1 * best) chosen *= 2;
+  return chosen;
 }
 
 template <typename T, int kTilesM>
 void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns,
                    int depth) {
-  const int num_blocks = depth / kBlockK;
-  int blocks_per_warp = (num_blocks + kWarps - 1) / kWarps;
-  const KernelInfo info =
-      kernel_info(enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>), kThreads, 0);
-  add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)), kThreads, 0,
-             x, w, y, rows, columns, depth, blocks_per_warp);
+  const void* kernel = reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>);
+  const KernelInfo info = kernel_info(enc, kernel, kThreads, 0);
+  const int64_t tiles = (columns + kColumns - 1) / kColumns;
+  const int splits =
+      plan_linear_splits(tiles, int64_t{sm_count(enc)} * info.ctas_per_sm, depth / kBlockK);
+  enc.add_kernel_node_ex(info.function, dim3(static_cast<unsigned>(tiles * splits)),
+                         dim3(kThreads), dim3(static_cast<unsigned>(splits)), 0, x, w, y, rows,
+                         columns, depth);
 }
 
 }  // namespace

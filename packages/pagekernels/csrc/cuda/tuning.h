@@ -1,4 +1,4 @@
-// Knobs for tests and benchmarks of the CUDA attention kernels (process-wide, thread-safe).
+// Knobs for tests and benchmarks of the CUDA kernels (process-wide, thread-safe).
 // Plain C++ so bindings.cpp can include it; defined in tuning.cu. Defaults are production values.
 #pragma once
 
@@ -17,5 +17,10 @@ int prefill_num_splits();
 // which every other dtype and head dim uses anyway. Default true.
 void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
+
+// K splits of the linear kernel (CTAs of one thread-block cluster per 16 output columns): 0 =
+// automatic, n in {1, 2, 4, 8} forced. Throws std::invalid_argument otherwise.
+void set_linear_splits(int n);
+int linear_splits();
 
 }  // namespace pagekernels::cuda
