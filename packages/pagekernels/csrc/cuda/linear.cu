@@ -20,6 +20,10 @@
 // then the cluster's first CTA adds the other CTAs' tiles through distributed shared memory.
 // Splitting K gives small-N projections (k_proj, v_proj: 64 column tiles) enough CTAs to fill
 // the GPU, and evens out the last wave of the others; `plan_linear_splits` picks the count.
+// The cluster size is compiled into each kernel (__cluster_dims__), not set as a launch
+// attribute: MLX reuses an instantiated CUDA graph by updating its nodes, and an update keeps a
+// node's old cluster attribute, so a graph whose projections changed split count would launch
+// them with the previous one.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -92,14 +96,14 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
   }
 }
 
-template <typename T, int kTilesM>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int kTilesM, int kSplits>
+__global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
     linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth) {
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
   __shared__ float tile[kColumns * 8 * kTilesM];  // this CTA's sum, read by the cluster's rank 0
   const cg::cluster_group cluster = cg::this_cluster();
-  const int splits = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+  constexpr int splits = kSplits;
+  const int rank = kSplits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
@@ -151,17 +155,18 @@ __global__ void __launch_bounds__(kThreads)
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][n][m];
     tile[i] = sum;
   }
-  if (splits > 1) cluster.sync();  // every CTA's tile is complete
+  if constexpr (kSplits > 1) cluster.sync();  // every CTA's tile is complete
   if (rank == 0) {
     for (int i = threadIdx.x; i < kTileElems; i += kThreads) {
       const int m = i / kColumns;
       const int n = i % kColumns;
       float sum = tile[i];
+#pragma unroll
       for (int r = 1; r < splits; ++r) sum += cluster.map_shared_rank(tile, r)[i];
       if (m < rows && n0 + n < columns) y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
     }
   }
-  if (splits > 1) cluster.sync();  // the other CTAs' tiles stay alive until rank 0 has read them
+  if constexpr (kSplits > 1) cluster.sync();  // other CTAs' tiles live until rank 0 read them
 }
 
 // K splits per 16 output columns: the count in {1, 2, 4, 8} whose busiest CTA slot carries the
@@ -180,17 +185,33 @@ int plan_linear_splits(int64_t tiles, int64_t slots, int num_blocks) {
   return chosen;
 }
 
+template <typename T, int kTilesM, int kSplits>
+void add_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns, int depth,
+                int64_t tiles) {
+  const KernelInfo info = kernel_info(
+      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, kSplits>), kThreads, 0);
+  add_kernel(enc, info, dim3(static_cast<unsigned>(tiles * kSplits)), kThreads, 0, x, w, y,
+             rows, columns, depth);
+}
+
 template <typename T, int kTilesM>
 void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns,
                    int depth) {
-  const void* kernel = reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>);
-  const KernelInfo info = kernel_info(enc, kernel, kThreads, 0);
   const int64_t tiles = (columns + kColumns - 1) / kColumns;
-  const int splits =
-      plan_linear_splits(tiles, int64_t{sm_count(enc)} * info.ctas_per_sm, depth / kBlockK);
-  enc.add_kernel_node_ex(info.function, dim3(static_cast<unsigned>(tiles * splits)),
-                         dim3(kThreads), dim3(static_cast<unsigned>(splits)), 0, x, w, y, rows,
-                         columns, depth);
+  // Every split count's kernel uses the same registers and shared memory: one occupancy.
+  const KernelInfo probe = kernel_info(
+      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, 1>), kThreads, 0);
+  switch (plan_linear_splits(tiles, int64_t{sm_count(enc)} * probe.ctas_per_sm,
+                             depth / kBlockK)) {
+    case 1:
+      return add_linear<T, kTilesM, 1>(enc, x, w, y, rows, columns, depth, tiles);
+    case 2:
+      return add_linear<T, kTilesM, 2>(enc, x, w, y, rows, columns, depth, tiles);
+    case 4:
+      return add_linear<T, kTilesM, 4>(enc, x, w, y, rows, columns, depth, tiles);
+    default:
+      return add_linear<T, kTilesM, 8>(enc, x, w, y, rows, columns, depth, tiles);
+  }
 }
 
 }  // namespace
