@@ -6,6 +6,7 @@
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -192,18 +193,23 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
 
   const KernelInfo merge = kernel_info(
-      enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), 32 * kMergeWarps, 0);
+      enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), kMergeThreads, 0);
   const float* merge_in = p.partial_out;
   const float* merge_lse = p.partial_lse;
   T* merge_out = p.out;
   int num_splits = plan.num_splits;
   int head_dim = s.head_dim;
   int64_t num_rows = out_rows;
+  int rows_per_cta =
+      merge_layout(kMergeThreads, std::numeric_limits<int>::max(), num_splits, head_dim,
+                   kMergeBatch)
+          .rows;
   enc.set_input_array(partial_out);
   enc.set_input_array(partial_lse);
   enc.set_output_array(out);
-  add_kernel(enc, merge, dim3(static_cast<unsigned>(ceil_div(out_rows, kMergeWarps))),
-             32 * kMergeWarps, 0, merge_in, merge_lse, merge_out, num_rows, num_splits, head_dim);
+  add_kernel(enc, merge, dim3(static_cast<unsigned>(ceil_div(out_rows, rows_per_cta))),
+             kMergeThreads, 0, merge_in, merge_lse, merge_out, num_rows, num_splits, head_dim,
+             rows_per_cta);
 }
 
 }  // namespace pagekernels::cuda
