@@ -1,5 +1,6 @@
 // Host side shared by paged_attention.cu and dense_attention.cu: choose the schedule and kernel,
-// plan the split from shapes, and add the attention (+ merge) nodes to MLX's graph.
+// plan the split from shapes, and add the attention nodes to MLX's graph (split decode: zero the
+// arrival counters, then attention with the merge fused; split prefill: attention, then merge).
 //
 // Schedules: decode (L <= kDecodeMaxQueryLen) and prefill. Kernels:
 //   float16/bfloat16, D in {64, 128}: attention_mma (decode or prefill warp layout);
@@ -187,11 +188,36 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
       scratch_array(enc, {static_cast<int>(out_rows), plan.num_splits}, mx::float32);
   p.partial_out = mx::gpu_ptr<float>(partial_out);
   p.partial_lse = mx::gpu_ptr<float>(partial_lse);
+  if (decode) {
+    // Fused merge (merge_if_last, attention_common.cuh): the last CTA of each item merges its
+    // <= 16 rows, so no merge launch waits behind the grid. The arrival counters are this
+    // call's scratch, zeroed by a node that depends on nothing, so in a graph it runs early,
+    // beside whatever produces the attention's inputs.
+    mx::array counters = scratch_array(enc, {static_cast<int>(work)}, mx::uint32);
+    unsigned* counter_ptr = mx::gpu_ptr<unsigned>(counters);
+    int64_t counter_count = work;
+    constexpr int kZeroThreads = 256;
+    enc.set_output_array(counters);
+    add_kernel(enc,
+               kernel_info(enc, reinterpret_cast<const void*>(&zero_counters_kernel),
+                           kZeroThreads, 0),
+               dim3(static_cast<unsigned>(ceil_div(work, kZeroThreads))), kZeroThreads, 0,
+               counter_ptr, counter_count);
+    p.split_counters = counter_ptr;
+    register_inputs();
+    enc.set_output_array(partial_out);
+    enc.set_output_array(partial_lse);
+    enc.set_output_array(counters);
+    enc.set_output_array(out);
+    add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
+    return;
+  }
   register_inputs();
   enc.set_output_array(partial_out);
   enc.set_output_array(partial_lse);
   add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
 
+  // Prefill: a CTA's row block is up to 128 rows, too many partials for one CTA to merge.
   const KernelInfo merge = kernel_info(
       enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), kMergeThreads, 0);
   const float* merge_in = p.partial_out;

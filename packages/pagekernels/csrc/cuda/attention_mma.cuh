@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
     }
     write_row<T>(p, w, row_begin + row, d0, acc, state);
   }
+  merge_if_last<T, C::kThreads>(p, w, row_begin, row_end, reinterpret_cast<float*>(smem));
 }
 
 }  // namespace pagekernels::cuda

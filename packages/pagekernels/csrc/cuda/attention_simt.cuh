@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(128)
       partial_md[2 * slot + 1] = state.d;
     }
     __syncthreads();
-    if (tz != 0) return;
-    for (int z = 1; z < C::kKeyGroups; ++z) {
+    for (int z = 1; tz == 0 && z < C::kKeyGroups; ++z) {
       const int other = z * C::kRows + ty;
       const SoftmaxState b{partial_md[2 * other], partial_md[2 * other + 1]};
       const MergeFactors f = merge_states(state, b);
@@ -155,7 +154,8 @@ __global__ void __launch_bounds__(128)
       for (int e = 0; e < kVec; ++e) o[e] = o[e] * f.fa + ob[e] * f.fb;
     }
   }
-  if (row_valid && dims_valid) write_row<T>(p, w, r, d0, o, state);
+  if (tz == 0 && row_valid && dims_valid) write_row<T>(p, w, r, d0, o, state);
+  merge_if_last<T, C::kThreads>(p, w, row_begin, row_end, reinterpret_cast<float*>(smem));
 }
 
 }  // namespace pagekernels::cuda
