@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         "operation count of a Qwen3-4B step)",
     )
     parser.add_argument(
-        "--linear-splits",
+        "--linear-warps",
         type=int,
         nargs="*",
         default=[],
-        help="also time the CUDA linear kernel per weight shape at these forced K splits",
+        help="also time the CUDA linear kernel per weight shape at these forced warps per CTA",
     )
     parser.add_argument(
         "--kernel-trace", action="store_true", help="per-kernel GPU time (needs torch)"
@@ -205,24 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
     model.compile_decode = False
-    # (rows, product, forced K splits of the CUDA linear kernel or None)
+    # (rows, product, forced warps per CTA of the CUDA linear kernel (0: automatic) or None)
     products = {f"M={B} backend": (B, backend.linear, 0)}
-    if hasattr(_ext, "set_linear_splits"):
-        products |= {f"M={B} s={s}": (B, backend.linear, s) for s in args.linear_splits}
+    if hasattr(_ext, "set_linear_warps"):
+        products |= {f"M={B} w={n}": (B, backend.linear, n) for n in args.linear_warps}
     products |= {f"M={B} matmul": (B, matmul, None), "M=1 matmul": (1, matmul, None)}
 
     def time_products(group: list[mx.array], label: str) -> float:
-        rows_, product, splits = products[label]
-        if splits is not None and hasattr(_ext, "set_linear_splits"):
-            _ext.set_linear_splits(splits)
+        rows_, product, warps = products[label]
+        if warps is not None and hasattr(_ext, "set_linear_warps"):
+            _ext.set_linear_warps(warps)
         try:
             return _median_ms(linears(rows_, product, group), args.steps)
         finally:
-            if hasattr(_ext, "set_linear_splits"):
-                _ext.set_linear_splits(0)
+            if hasattr(_ext, "set_linear_warps"):
+                _ext.set_linear_warps(0)
 
     for label in products:
-        if " s=" not in label:
+        if " w=" not in label:
             results[f"linears {label}"] = time_products(weights, label)
     by_shape: dict[str, dict[str, dict[str, float]]] = {}
     for shape in sorted({tuple(w.shape) for w in weights}):

@@ -15,19 +15,11 @@
 // elements 4j .. 4j + 3 as its k pairs {2c, 2c + 1} and {2c + 8, 2c + 9}, for A and for B alike,
 // so no shuffle or shared-memory staging is needed.
 //
-// Work split: 16 output columns per thread-block cluster of `splits` CTAs (1, 2, 4 or 8), whose
-// kWarps * splits warps take consecutive shares of K. Warps add their tiles in shared memory,
-// then the cluster's first CTA adds the other CTAs' tiles through distributed shared memory.
-// Splitting K gives small-N projections (k_proj, v_proj: 64 column tiles) enough CTAs to fill
-// the GPU, and evens out the last wave of the others; `plan_linear_splits` picks the count.
-// The cluster size is compiled into each kernel (__cluster_dims__), not set as a launch
-// attribute: MLX reuses an instantiated CUDA graph by updating its nodes, and an update keeps a
-// node's old cluster attribute, so a graph whose projections changed split count would launch
-// them with the previous one.
-#include <cooperative_groups.h>
-
-#include <algorithm>
-
+// Work split: a CTA owns 16 output columns; its kWarps warps take consecutive shares of K and
+// add their tiles through shared memory. Splitting K across the CTAs of a thread-block cluster
+// (tiles added through distributed shared memory) was measured and dropped: it was no faster
+// at any Qwen3-4B shape, and MLX updates cached graph executables in place, which does not
+// carry a node's cluster configuration over safely (wrong results on the H200).
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
@@ -35,15 +27,12 @@
 
 namespace pagekernels::cuda {
 
-namespace cg = cooperative_groups;
-
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kColumns = 16;   // output columns (weight rows) per CTA
-constexpr int kBlockK = 64;    // k per lane group per step: 4 lanes x 16 elements
-constexpr int kUnroll = 4;     // k blocks whose loads are in flight together
+constexpr int kColumns = 16;  // output columns (weight rows) per CTA
+constexpr int kBlockK = 64;   // k per lane group per step: 4 lanes x 16 elements
+constexpr int kUnroll = 4;    // k blocks whose loads are in flight together
+constexpr int kDefaultWarps = 8;
 
 // 16 bytes through the non-coherent path without allocating in L1: every weight byte is read
 // once, the x rows are what L1 should keep.
@@ -96,19 +85,16 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
   }
 }
 
-template <typename T, int kTilesM, int kSplits>
-__global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
+template <typename T, int kTilesM, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
     linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth) {
+  constexpr int kThreads = 32 * kWarps;
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
-  __shared__ float tile[kColumns * 8 * kTilesM];  // this CTA's sum, read by the cluster's rank 0
-  const cg::cluster_group cluster = cg::this_cluster();
-  constexpr int splits = kSplits;
-  const int rank = kSplits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
   const int c = lane % 4;
-  const int n0 = static_cast<int>(blockIdx.x) / splits * kColumns;
+  const int n0 = static_cast<int>(blockIdx.x) * kColumns;
 
   // Rows past the matrix read nothing (null) and contribute zeros.
   const T* w_lo = n0 + g < columns ? w + int64_t{n0 + g} * depth + 8 * c : nullptr;
@@ -121,9 +107,8 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
 
   float acc[kTilesM][4] = {};
   const int num_blocks = depth / kBlockK;
-  const int warps = kWarps * splits;
-  const int per_warp = (num_blocks + warps - 1) / warps;
-  const int first = (rank * kWarps + warp) * per_warp;
+  const int per_warp = (num_blocks + kWarps - 1) / kWarps;
+  const int first = warp * per_warp;
   const int last = min(first + per_warp, num_blocks);
   for (int b = first; b < last; b += kUnroll) {
     Fragments<kTilesM> f[kUnroll];
@@ -146,71 +131,37 @@ __global__ void __cluster_dims__(kSplits, 1, 1) __launch_bounds__(kThreads)
     partial[warp][g + 8][8 * t + 2 * c + 1] = acc[t][3];
   }
   __syncthreads();
-  constexpr int kTileElems = kColumns * 8 * kTilesM;
-  for (int i = threadIdx.x; i < kTileElems; i += kThreads) {
-    const int m = i / kColumns;  // consecutive threads: consecutive columns of one row
+  for (int i = threadIdx.x; i < kColumns * 8 * kTilesM; i += kThreads) {
+    const int m = i / kColumns;  // consecutive threads write consecutive columns of one row
     const int n = i % kColumns;
+    if (m >= rows || n0 + n >= columns) continue;
     float sum = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][n][m];
-    tile[i] = sum;
+    y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
   }
-  if constexpr (kSplits > 1) cluster.sync();  // every CTA's tile is complete
-  if (rank == 0) {
-    for (int i = threadIdx.x; i < kTileElems; i += kThreads) {
-      const int m = i / kColumns;
-      const int n = i % kColumns;
-      float sum = tile[i];
-#pragma unroll
-      for (int r = 1; r < splits; ++r) sum += cluster.map_shared_rank(tile, r)[i];
-      if (m < rows && n0 + n < columns) y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
-    }
-  }
-  if constexpr (kSplits > 1) cluster.sync();  // other CTAs' tiles live until rank 0 read them
 }
 
-// K splits per 16 output columns: the count in {1, 2, 4, 8} whose busiest CTA slot carries the
-// least work (in column tiles: ceil(tiles * s / slots) / s, the last wave included), the
-// smallest within 10 % of the best (each split adds a cluster barrier and a tile exchange);
-// never so many that a warp would get no k block.
-int plan_linear_splits(int64_t tiles, int64_t slots, int num_blocks) {
-  if (const int forced = linear_splits(); forced > 0) return forced;
-  auto load = [&](int s) {
-    return static_cast<double>((tiles * s + slots - 1) / slots) / s;
-  };
-  double best = load(1);
-  for (int s = 2; s <= 8 && s * kWarps <= num_blocks; s *= 2) best = std::min(best, load(s));
-  int chosen = 1;
-  while (load(chosen) > 1.1 * best) chosen *= 2;
-  return chosen;
-}
-
-template <typename T, int kTilesM, int kSplits>
-void add_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns, int depth,
-                int64_t tiles) {
+template <typename T, int kTilesM, int kWarps>
+void add_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns, int depth) {
   const KernelInfo info = kernel_info(
-      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, kSplits>), kThreads, 0);
-  add_kernel(enc, info, dim3(static_cast<unsigned>(tiles * kSplits)), kThreads, 0, x, w, y,
-             rows, columns, depth);
+      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, kWarps>), 32 * kWarps, 0);
+  add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
+             32 * kWarps, 0, x, w, y, rows, columns, depth);
 }
 
 template <typename T, int kTilesM>
 void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns,
                    int depth) {
-  const int64_t tiles = (columns + kColumns - 1) / kColumns;
-  // Every split count's kernel uses the same registers and shared memory: one occupancy.
-  const KernelInfo probe = kernel_info(
-      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, 1>), kThreads, 0);
-  switch (plan_linear_splits(tiles, int64_t{sm_count(enc)} * probe.ctas_per_sm,
-                             depth / kBlockK)) {
-    case 1:
-      return add_linear<T, kTilesM, 1>(enc, x, w, y, rows, columns, depth, tiles);
-    case 2:
-      return add_linear<T, kTilesM, 2>(enc, x, w, y, rows, columns, depth, tiles);
+  const int forced = linear_warps();
+  switch (forced > 0 ? forced : kDefaultWarps) {
     case 4:
-      return add_linear<T, kTilesM, 4>(enc, x, w, y, rows, columns, depth, tiles);
+      return add_linear<T, kTilesM, 4>(enc, x, w, y, rows, columns, depth);
+    case 16:  // two row tiles at 16 warps would spill (512 threads leave 128 registers each)
+      if constexpr (kTilesM == 1) return add_linear<T, kTilesM, 16>(enc, x, w, y, rows, columns, depth);
+      [[fallthrough]];
     default:
-      return add_linear<T, kTilesM, 8>(enc, x, w, y, rows, columns, depth, tiles);
+      return add_linear<T, kTilesM, 8>(enc, x, w, y, rows, columns, depth);
   }
 }
 
