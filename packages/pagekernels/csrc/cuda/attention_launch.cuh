@@ -33,7 +33,7 @@ struct AttentionShape {
   int query_len;     // L
   int head_dim;      // D
   int64_t max_keys;  // shape bound on keys per request: max_pages * page_size, or S
-  int page_size;     // split chunks start on page boundaries (dense: 1)
+  int page_size;     // not used by the launch: split chunks may start mid-page
   float scale;
   bool causal;
 };
@@ -144,10 +144,9 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
   const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
   // Prefill partials cost rows * splits * D * 8 bytes of traffic: split only to fill one wave.
-  const SplitPlan plan =
-      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
-                  int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
-                  decode ? decode_num_splits() : prefill_num_splits());
+  const SplitPlan plan = plan_splits(work, s.max_keys, choice.key_tile,
+                                     int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
+                                     decode ? decode_num_splits() : prefill_num_splits());
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
   AttentionParams<T, KV> p{};
