@@ -160,10 +160,13 @@ __global__ void __launch_bounds__(kMergeThreads, 1)
                                             head_dim, [first](int i) { return first + i; }, smem);
 }
 
-// Zeroes the fused merge's arrival counters (attention_common.cuh, merge_if_last).
+// Zeroes the fused merge's arrival counters (attention_common.cuh, merge_if_last). Internal
+// linkage: this header is compiled into both paged_attention.cu and dense_attention.cu.
+namespace {
 __global__ void zero_counters_kernel(unsigned* counters, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) counters[i] = 0;
 }
+}  // namespace
 
 }  // namespace pagekernels::cuda
