@@ -55,7 +55,7 @@ struct KVRing {
 
   T* k_ring;         // [kStages][kTile][kRowElems]
   T* v_ring;         // same
-  int64_t* offsets;  // [kOffsetSlots][kTile]
+  int64_t* offsets;  // [kOffsetSlots][kTile] byte offsets of the keys' rows, -1 = zero-fill
   const T* k;
   const T* v;
   int b;
@@ -118,8 +118,18 @@ struct KVRing {
     if (j >= kTile || tile >= num_tiles) return false;
     const bool in_range = begin + tile * kTile + j < end;
     const int64_t off = in_range ? kv.offset(row, kv_head) : -1;
-    offsets[(tile % kOffsetSlots) * kTile + j] = off;
+    offsets[(tile % kOffsetSlots) * kTile + j] = off < 0 ? -1 : off * int64_t{sizeof(T)};
     return off < 0 && in_range;
+  }
+
+  // 16-byte cp.async, or 16 zero bytes (the source is ignored) when !valid. The predicate form
+  // costs no src-size arithmetic per copy (ptxas folds src-size into the address otherwise).
+  __device__ __forceinline__ static void copy_or_zero(T* smem, const char* gmem, bool valid) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile(
+        "{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
+        " cp.async.cg.shared.global.L2::128B [%0], [%1], 16, ignore;\n}\n" ::"r"(dst),
+        "l"(gmem), "r"(static_cast<uint32_t>(valid)));
   }
 
   // Copies of `tile` into its stage as one cp.async group (an empty group past the last tile,
@@ -131,16 +141,16 @@ struct KVRing {
       const bool dims_valid = chunk * kElemsPerChunk < head_dim;
       const int64_t* offs = tile_offsets(tile) + key0;
       const int dst = (tile % kStages) * kTileElems + position(key0, chunk);
-      const T* k_src = k + chunk * kElemsPerChunk;
-      const T* v_src = v + chunk * kElemsPerChunk;
+      const char* k_src = reinterpret_cast<const char*>(k) + chunk * 16;
+      const char* v_src = reinterpret_cast<const char*>(v) + chunk * 16;
 #pragma unroll
       for (int n = 0; n < kCopiesPerThread; ++n) {
         const int64_t off = offs[n * kKeysPerPass];
         const bool valid = dims_valid && off >= 0;
-        const int64_t src = valid ? off : -chunk * kElemsPerChunk;  // the pool's first chunk
+        const int64_t src = valid ? off : -chunk * 16;  // the pool's first chunk, never read
         const int at = dst + n * kKeysPerPass * kRowElems;
-        cp_async_16(k_ring + at, k_src + src, valid);
-        cp_async_16(v_ring + at, v_src + src, valid);
+        copy_or_zero(k_ring + at, k_src + src, valid);
+        copy_or_zero(v_ring + at, v_src + src, valid);
       }
     }
     cp_async_commit();
