@@ -98,16 +98,11 @@ struct KVRing {
   }
 
   // Starts the block_table lookup of this thread's key in `tile` (no-op rows get page -1).
-  // Branch-free (out-of-range rows look up key `begin` and are discarded by a select), so the
-  // compiler can issue several lookups before the first result is used.
   template <typename KV>
   __device__ __forceinline__ KVRow locate(const KV& kv, int tile) const {
     const int j = static_cast<int>(threadIdx.x);
     const int t = begin + tile * kTile + j;
-    const bool in_range = j < kTile && tile < num_tiles && t < end;
-    KVRow row = kv.locate(b, in_range ? t : begin);
-    row.page = in_range ? row.page : -1;
-    return row;
+    return (j < kTile && tile < num_tiles && t < end) ? kv.locate(b, t) : KVRow{-1, 0};
   }
 
   // Publishes this thread's key offset of `tile` (-1 past `end`, which may have been clipped
