@@ -118,7 +118,7 @@ __device__ __forceinline__ void write_row(const P& p, const WorkItem& w, int r, 
 // [row_begin, row_end) of item w written as partials, `smem` free): the last of the num_splits
 // CTAs of the item to arrive merges the item's rows into out (merge_splits.cuh), so no merge
 // launch waits for the whole grid. Release/acquire as in cooperative groups' grid sync: a
-// barrier, then one thread fences around its atomic. p.split_counters is this call's own
+// barrier, then one thread's acq_rel atomic. p.split_counters is this call's own
 // scratch, zeroed by the node before the kernel: valid under graph replays and concurrent calls.
 constexpr int kFusedMergeBatch = 16;  // partial loads in flight per thread in the epilogue
 
@@ -129,9 +129,12 @@ __device__ __forceinline__ void merge_if_last(const P& p, const WorkItem& w, int
   __syncthreads();  // every partial of this CTA is stored and smem is no longer read
   unsigned arrived = 0;
   if (threadIdx.x == 0) {
-    __threadfence();
-    arrived = atomicAdd(p.split_counters + blockIdx.x, 1u) + 1;
-    __threadfence();
+    // Release (this CTA's partials, ordered before by the barrier) and acquire (the others').
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n"
+                 : "=r"(arrived)
+                 : "l"(p.split_counters + blockIdx.x)
+                 : "memory");
+    ++arrived;
   }
   if (!__syncthreads_or(arrived == static_cast<unsigned>(p.num_splits))) return;
   merge_rows<T, kThreads, kFusedMergeBatch>(
