@@ -39,7 +39,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from pagekernels import _ext, get_backend
+from pagekernels import get_backend
 from pagepool import BatchMetadata, PagePool
 from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
@@ -107,13 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         default=800,
         help="one-element additions in the per-operation probe (about the "
         "operation count of a Qwen3-4B step)",
-    )
-    parser.add_argument(
-        "--linear-warps",
-        type=int,
-        nargs="*",
-        default=[],
-        help="also time the CUDA linear kernel per weight shape at these forced warps per CTA",
     )
     parser.add_argument(
         "--kernel-trace", action="store_true", help="per-kernel GPU time (needs torch)"
@@ -205,25 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
     model.compile_decode = False
-    # (rows, product, forced warps per CTA of the CUDA linear kernel (0: automatic) or None)
-    products = {f"M={B} backend": (B, backend.linear, 0)}
-    if hasattr(_ext, "set_linear_warps"):
-        products |= {f"M={B} w={n}": (B, backend.linear, n) for n in args.linear_warps}
-    products |= {f"M={B} matmul": (B, matmul, None), "M=1 matmul": (1, matmul, None)}
+    products = {
+        f"M={B} backend": (B, backend.linear),
+        f"M={B} matmul": (B, matmul),
+        "M=1 matmul": (1, matmul),
+    }
 
     def time_products(group: list[mx.array], label: str) -> float:
-        rows_, product, warps = products[label]
-        if warps is not None and hasattr(_ext, "set_linear_warps"):
-            _ext.set_linear_warps(warps)
-        try:
-            return _median_ms(linears(rows_, product, group), args.steps)
-        finally:
-            if hasattr(_ext, "set_linear_warps"):
-                _ext.set_linear_warps(0)
+        rows_, product = products[label]
+        return _median_ms(linears(rows_, product, group), args.steps)
 
     for label in products:
-        if " w=" not in label:
-            results[f"linears {label}"] = time_products(weights, label)
+        results[f"linears {label}"] = time_products(weights, label)
     by_shape: dict[str, dict[str, dict[str, float]]] = {}
     for shape in sorted({tuple(w.shape) for w in weights}):
         group = [w for w in weights if tuple(w.shape) == shape]

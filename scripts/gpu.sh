@@ -86,7 +86,7 @@ fi
 
 if has_stage profile; then
   section "decode step: whole step against its parts"
-  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --linear-warps 4 8 16 --json-output "$OUT/decode_step.json" \
+  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --json-output "$OUT/decode_step.json" \
     2>&1 | tee "$OUT/decode_step.log" | tail -n 40
   if [ "${NCU:-1}" = 1 ]; then
   section "ncu: small decode shapes"

@@ -4,6 +4,7 @@ tests only). Helpers are handed out as fixtures (pytest runs in importlib mode).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
@@ -15,6 +16,11 @@ from pagepool import BatchMetadata, PageList, PagePool
 from qwen3model import AttentionMode, Qwen3Model, build_synthetic
 
 POISON = float("nan")
+
+# These tests compare float32 paths at 1e-4 .. 1e-5. MLX's CUDA backend runs float32 matmuls as
+# TF32 by default (10-bit mantissas), which alone moves log-probabilities by ~3e-4 between a
+# one-row and a four-row product; read once, at the first matmul, so set before any runs.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 
 def tiny_model(backend: KernelBackend, mode: AttentionMode | str = "paged") -> Qwen3Model:

@@ -33,10 +33,6 @@ NB_MODULE(_ext, m) {
   m.def("set_decode_tensor_cores", &pagekernels::cuda::set_decode_tensor_cores, "enabled"_a,
         "Decode on tensor cores (float16/bfloat16, D = 64 or 128); False forces CUDA cores.");
   m.def("decode_tensor_cores", &pagekernels::cuda::decode_tensor_cores);
-  m.def("set_linear_warps", &pagekernels::cuda::set_linear_warps, "n"_a,
-        "Warps per CTA of the linear kernel (splitting K of 16 output columns): 0 = automatic, "
-        "4, 8 or 16 forced.");
-  m.def("linear_warps", &pagekernels::cuda::linear_warps);
 #else
   m.attr("with_cuda") = false;
 #endif

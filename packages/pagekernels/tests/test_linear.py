@@ -124,33 +124,3 @@ def test_forcing_the_kernel_where_it_does_not_apply_is_rejected(x_shape, k, dtyp
     w = mx.zeros((8, k), dtype=dtype)
     with pytest.raises(ValueError, match=r"^\[linear\] use_kernel=True but " + match):
         _ext.linear(x, w, use_kernel=True)
-
-
-def _gpu_only(test):
-    """Keeps `test` only where MLX has a CUDA GPU (pytest collects no `None` attribute)."""
-    return test if mx.cuda.is_available() else None
-
-
-@_gpu_only
-@pytest.mark.parametrize("warps", [4, 8, 16])
-@pytest.mark.parametrize(("rows", "n", "k"), [(4, 1024, 2560), (16, 200, 4096), (1, 48, 512)])
-def test_every_warp_count_matches_the_equation(poison_allocator, assert_close, warps, rows, n, k):
-    """Forced warps per CTA (K shares added through shared memory), evaluated one after another
-    with the same graph shape, as MLX replays a cached graph with updated nodes."""
-    x, w = _inputs((rows,), n, k, mx.bfloat16, seed=warps)
-    mx.eval(x, w)
-    poison_allocator((rows, n), mx.bfloat16)
-    _ext.set_linear_warps(warps)
-    try:
-        out = _ext.linear(x, w, use_kernel=True, stream=mx.gpu)
-        mx.eval(out)
-    finally:
-        _ext.set_linear_warps(0)
-    assert_close(out, _oracle(x, w))
-
-
-@_gpu_only
-def test_linear_warps_knob_validates():
-    with pytest.raises(ValueError, match=r"warps must be 0 \(automatic\), 4, 8 or 16, got 3"):
-        _ext.set_linear_warps(3)
-    assert _ext.linear_warps() == 0

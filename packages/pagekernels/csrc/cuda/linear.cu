@@ -16,14 +16,14 @@
 // so no shuffle or shared-memory staging is needed.
 //
 // Work split: a CTA owns 16 output columns; its kWarps warps take consecutive shares of K and
-// add their tiles through shared memory. Splitting K across the CTAs of a thread-block cluster
-// (tiles added through distributed shared memory) was measured and dropped: it was no faster
-// at any Qwen3-4B shape, and MLX updates cached graph executables in place, which does not
-// carry a node's cluster configuration over safely (wrong results on the H200).
+// add their tiles through shared memory. Measured on the H200 at every Qwen3-4B projection
+// (benchmarks/decode_step.py): 4, 8 or 16 warps per CTA time the same within 5 %; splitting K
+// across the CTAs of a thread-block cluster was no faster either, and MLX updates cached graph
+// executables in place, which does not carry a node's cluster configuration over safely (wrong
+// results on the H200). Both were dropped.
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
-#include "cuda/tuning.h"
 
 namespace pagekernels::cuda {
 
@@ -32,7 +32,8 @@ namespace {
 constexpr int kColumns = 16;  // output columns (weight rows) per CTA
 constexpr int kBlockK = 64;   // k per lane group per step: 4 lanes x 16 elements
 constexpr int kUnroll = 4;    // k blocks whose loads are in flight together
-constexpr int kDefaultWarps = 8;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
 
 // 16 bytes through the non-coherent path without allocating in L1: every weight byte is read
 // once, the x rows are what L1 should keep.
@@ -85,10 +86,9 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
   }
 }
 
-template <typename T, int kTilesM, int kWarps>
-__global__ void __launch_bounds__(32 * kWarps)
+template <typename T, int kTilesM>
+__global__ void __launch_bounds__(kThreads)
     linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth) {
-  constexpr int kThreads = 32 * kWarps;
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -142,27 +142,13 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
-template <typename T, int kTilesM, int kWarps>
-void add_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns, int depth) {
-  const KernelInfo info = kernel_info(
-      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, kWarps>), 32 * kWarps, 0);
-  add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
-             32 * kWarps, 0, x, w, y, rows, columns, depth);
-}
-
 template <typename T, int kTilesM>
 void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns,
                    int depth) {
-  const int forced = linear_warps();
-  switch (forced > 0 ? forced : kDefaultWarps) {
-    case 4:
-      return add_linear<T, kTilesM, 4>(enc, x, w, y, rows, columns, depth);
-    case 16:  // two row tiles at 16 warps would spill (512 threads leave 128 registers each)
-      if constexpr (kTilesM == 1) return add_linear<T, kTilesM, 16>(enc, x, w, y, rows, columns, depth);
-      [[fallthrough]];
-    default:
-      return add_linear<T, kTilesM, 8>(enc, x, w, y, rows, columns, depth);
-  }
+  const KernelInfo info =
+      kernel_info(enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>), kThreads, 0);
+  add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
+             kThreads, 0, x, w, y, rows, columns, depth);
 }
 
 }  // namespace

@@ -12,7 +12,6 @@ namespace {
 std::atomic<int> g_decode_splits{0};
 std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
-std::atomic<int> g_linear_warps{0};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -41,15 +40,5 @@ int prefill_num_splits() { return g_prefill_splits; }
 void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
-
-void set_linear_warps(int n) {
-  if (n != 0 && n != 4 && n != 8 && n != 16) {
-    throw std::invalid_argument("[set_linear_warps] warps must be 0 (automatic), 4, 8 or 16, "
-                                "got " + std::to_string(n));
-  }
-  g_linear_warps = n;
-}
-
-int linear_warps() { return g_linear_warps; }
 
 }  // namespace pagekernels::cuda

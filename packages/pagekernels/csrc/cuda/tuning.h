@@ -18,10 +18,4 @@ int prefill_num_splits();
 void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
 
-// Warps per CTA of the linear kernel (they split K for the CTA's 16 output columns): 0 =
-// automatic (8), n in {4, 8, 16} forced (16 only up to 8 rows; more rows take 8). Throws
-// std::invalid_argument otherwise.
-void set_linear_warps(int n);
-int linear_warps();
-
 }  // namespace pagekernels::cuda
