@@ -33,7 +33,6 @@ struct AttentionShape {
   int query_len;     // L
   int head_dim;      // D
   int64_t max_keys;  // shape bound on keys per request: max_pages * page_size, or S
-  int page_size;     // not used by the launch: split chunks may start mid-page
   float scale;
   bool causal;
 };
