@@ -128,9 +128,6 @@ SPLIT_CASES = [
     ([3000, 64], 8, 2, 2, 64, 16, mx.float16),
     ([4097, 600], 8, 2, 64, 128, 16, mx.bfloat16),
     ([1500, 80], 4, 2, 33, 64, 32, mx.float32),
-    # the merge's lane layouts at other head dims: 64 lanes (D = 256), 24 of 32 lanes (D = 96)
-    ([1200, 9], 4, 2, 2, 256, 64, mx.float32),
-    ([900, 40], 6, 2, 20, 96, 128, mx.bfloat16),
 ]
 
 
@@ -159,77 +156,6 @@ def test_forced_split_counts_agree(
             unsplit = out
         else:
             assert_close(out, unsplit)
-
-
-def chunk_keys(max_keys: int, splits: int, key_tile: int) -> int:
-    """Keys per chunk for a forced split count: whole key tiles (csrc/cuda/split_plan.h)."""
-    per_split = -(-max_keys // splits)
-    return -(-per_split // key_tile) * key_tile
-
-
-# (contexts, Hq, Hkv, L, D, page_size, dtype, key tile of the kernel that runs it: 64 on tensor
-# cores, 16 for the float32 CUDA-core kernel at D = 128). Rows not a multiple of any chunk, an
-# empty row, NaN in free pages and tail slots (make_paged).
-MID_PAGE_CASES = [
-    ([1000, 77, 0, 130], 8, 2, 1, 128, 128, mx.bfloat16, 64),
-    ([700, 0, 65, 300], 8, 2, 3, 128, 128, mx.float16, 64),
-    ([500, 33], 32, 2, 2, 64, 128, mx.bfloat16, 64),  # G = 16, L = 2: two row blocks per item
-    ([1000, 77, 0, 130], 8, 2, 1, 128, 64, mx.float32, 16),
-    ([600, 0, 200], 8, 2, 20, 128, 128, mx.bfloat16, 64),  # prefill: the separate merge
-]
-
-
-@gpu_test
-@pytest.mark.parametrize(
-    ("contexts", "hq", "hkv", "L", "D", "page_size", "dtype", "key_tile"),
-    MID_PAGE_CASES,
-    ids=[f"L{c[3]}_D{c[4]}_ps{c[5]}_{str(c[6]).split('.')[-1]}" for c in MID_PAGE_CASES],
-)
-def test_splits_starting_mid_page(
-    make_paged, assert_close, poison_allocator,
-    contexts, hq, hkv, L, D, page_size, dtype, key_tile,
-):  # fmt: skip
-    """Chunks are whole key tiles, not whole pages: a split may begin inside a page."""
-    case = make_paged(
-        contexts=contexts, num_q_heads=hq, num_kv_heads=hkv, query_len=L, head_dim=D,
-        page_size=page_size, dtype=dtype, seed=L + page_size,
-    )  # fmt: skip
-    expected = cpu_reference(case, mask="causal")
-    max_keys = case.block_table.shape[1] * page_size
-    mid_page = [n for n in range(2, 65) if chunk_keys(max_keys, n, key_tile) % page_size]
-    assert len(mid_page) >= 3, "the case must have split counts whose chunks start mid-page"
-    knob = "decode_num_splits" if L <= 8 else "prefill_num_splits"
-    for splits in [*mid_page[:3], mid_page[-1]]:  # the last is 64 splits
-        poison_allocator(case.queries.shape, dtype)
-        with tuning(**{knob: splits}):
-            out = run_gpu(case, mask="causal")
-        assert_close(out, expected)
-
-
-def leave_garbage_counters(count: int) -> None:
-    """Leaves non-zero uint32 buffers of `count` elements in MLX's cache, where the fused merge's
-    arrival counters (per-call scratch) are allocated: only their zeroing node makes them 0."""
-    junk = [mx.full((count,), 0x7FFF0000 + i, dtype=mx.uint32) for i in range(8)]
-    mx.eval(junk)
-    del junk
-
-
-@gpu_test
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32], ids=["bfloat16", "float32"])
-def test_split_calls_evaluated_together(make_paged, assert_close, poison_allocator, dtype):
-    """Independent calls of one shape in one eval are concurrent branches of MLX's CUDA graph:
-    each needs its own partials and merge counters, zeroed for it."""
-    shape = {"num_q_heads": 8, "num_kv_heads": 2, "query_len": 1, "head_dim": 128, "page_size": 16}
-    cases = [make_paged(contexts=[1300, 5, 0, 900], dtype=dtype, seed=s, **shape) for s in range(6)]
-    expected = [cpu_reference(case, mask=None) for case in cases]
-    for splits in (0, 64):  # automatic (a fused split at this shape), then many splits
-        leave_garbage_counters(4 * 2)  # B * Hkv items, one row block each
-        poison_allocator(cases[0].queries.shape, dtype)
-        with tuning(decode_num_splits=splits):
-            outs = [paged_attention(*case.args(), stream=mx.gpu) for case in cases]
-            mx.eval(outs)
-        for out, want in zip(outs, expected, strict=True):
-            assert_close(out, want)
 
 
 @gpu_test

@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "cuda/device_utils.cuh"
-#include "cuda/merge_splits.cuh"
 #include "kernels/online_softmax.h"
 #include "kernels/paged_kv.h"
 
@@ -24,7 +23,6 @@ struct AttentionParams {
   T* out;                 // [B, Hq, L, D]; written when num_splits == 1
   float* partial_out;     // [B, Hq, L, num_splits, D] normalised partial rows (num_splits > 1)
   float* partial_lse;     // [B, Hq, L, num_splits] base-2 LSE of the scaled scores, -inf if empty
-  unsigned* split_counters;  // [gridDim.x] zeroed; set: the last CTA of each item merges (decode)
   KV kv;
   int num_q_heads;        // Hq
   int num_kv_heads;       // Hkv
@@ -79,17 +77,12 @@ __device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_
   return {begin, end, row_key_limit(first_l, p.query_len, num_keys, p.causal)};
 }
 
-// Row index of (b, query head of packed row r, position of r) in q / out viewed as [rows, D].
-template <typename P>
-__device__ __forceinline__ int64_t q_row_index(const P& p, int b, int kv_head, int r) {
-  const int64_t head = static_cast<int64_t>(kv_head) * p.group + r % p.group;
-  return (static_cast<int64_t>(b) * p.num_q_heads + head) * p.query_len + r / p.group;
-}
-
 // Element offset of (b, query head of packed row r, position of r, 0) in q / out.
 template <typename P>
 __device__ __forceinline__ int64_t q_row_offset(const P& p, int b, int kv_head, int r) {
-  return q_row_index(p, b, kv_head, r) * p.head_dim;
+  const int64_t head = static_cast<int64_t>(kv_head) * p.group + r % p.group;
+  return ((static_cast<int64_t>(b) * p.num_q_heads + head) * p.query_len + r / p.group) *
+         p.head_dim;
 }
 
 // Writes dims [d0, d0 + N) of packed row r: o_unnormalised / d to out when unsplit, else the
@@ -100,46 +93,18 @@ __device__ __forceinline__ void write_row(const P& p, const WorkItem& w, int r, 
   const float inv = inverse_sum(state);
 #pragma unroll
   for (int i = 0; i < N; ++i) o[i] *= inv;
-  const int64_t row = q_row_index(p, w.b, w.kv_head, r);
+  const int64_t row = q_row_offset(p, w.b, w.kv_head, r);  // = row index * D
   if (p.num_splits == 1) {
-    store_float<T>(p.out + row * p.head_dim + d0, o);
+    store_float<T>(p.out + row + d0, o);
     return;
   }
-  const int64_t slot = row * p.num_splits + w.split;
+  const int64_t slot = (row / p.head_dim) * p.num_splits + w.split;
   float* dst = p.partial_out + slot * p.head_dim + d0;
 #pragma unroll
   for (int i = 0; i < N; i += 4) {
     *reinterpret_cast<float4*>(dst + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
   }
   if (d0 == 0) p.partial_lse[slot] = state.d > 0.0f ? state.m + log2f(state.d) : -INFINITY;
-}
-
-// Fused split-K merge, called by every thread at the very end of a split CTA (rows
-// [row_begin, row_end) of item w written as partials, `smem` free): the last of the num_splits
-// CTAs of the item to arrive merges the item's rows into out (merge_splits.cuh), so no merge
-// launch waits for the whole grid. Release/acquire as in cooperative groups' grid sync: a
-// barrier, then one thread's acq_rel atomic. p.split_counters is this call's own
-// scratch, zeroed by the node before the kernel: valid under graph replays and concurrent calls.
-constexpr int kFusedMergeBatch = 16;  // partial loads in flight per thread in the epilogue
-
-template <typename T, int kThreads, typename P>
-__device__ __forceinline__ void merge_if_last(const P& p, const WorkItem& w, int row_begin,
-                                              int row_end, float* smem) {
-  if (p.split_counters == nullptr) return;
-  __syncthreads();  // every partial of this CTA is stored and smem is no longer read
-  unsigned arrived = 0;
-  if (threadIdx.x == 0) {
-    // Release (this CTA's partials, ordered before by the barrier) and acquire (the others').
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n"
-                 : "=r"(arrived)
-                 : "l"(p.split_counters + blockIdx.x)
-                 : "memory");
-    ++arrived;
-  }
-  if (!__syncthreads_or(arrived == static_cast<unsigned>(p.num_splits))) return;
-  merge_rows<T, kThreads, kFusedMergeBatch>(
-      p.partial_out, p.partial_lse, p.out, row_end - row_begin, p.num_splits, p.head_dim,
-      [&](int i) { return q_row_index(p, w.b, w.kv_head, row_begin + i); }, smem);
 }
 
 }  // namespace pagekernels::cuda

@@ -1,13 +1,11 @@
 // Host side shared by paged_attention.cu and dense_attention.cu: choose the schedule and kernel,
-// plan the split from shapes, and add the attention nodes to MLX's graph (split decode: zero the
-// arrival counters, then attention with the merge fused; split prefill: attention, then merge).
+// plan the split from shapes, and add the attention (+ merge) nodes to MLX's graph.
 //
 // Schedules: decode (L <= kDecodeMaxQueryLen) and prefill. Kernels:
 //   float16/bfloat16, D in {64, 128}: attention_mma (decode or prefill warp layout);
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
-#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -33,6 +31,7 @@ struct AttentionShape {
   int query_len;     // L
   int head_dim;      // D
   int64_t max_keys;  // shape bound on keys per request: max_pages * page_size, or S
+  int page_size;     // split chunks start on page boundaries (dense: 1)
   float scale;
   bool causal;
 };
@@ -143,9 +142,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
   const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
   // Prefill partials cost rows * splits * D * 8 bytes of traffic: split only to fill one wave.
-  const SplitPlan plan = plan_splits(work, s.max_keys, choice.key_tile,
-                                     int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
-                                     decode ? decode_num_splits() : prefill_num_splits());
+  const SplitPlan plan =
+      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
+                  int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
+                  decode ? decode_num_splits() : prefill_num_splits());
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
   AttentionParams<T, KV> p{};
@@ -186,54 +186,24 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
       scratch_array(enc, {static_cast<int>(out_rows), plan.num_splits}, mx::float32);
   p.partial_out = mx::gpu_ptr<float>(partial_out);
   p.partial_lse = mx::gpu_ptr<float>(partial_lse);
-  if (decode) {
-    // Fused merge (merge_if_last, attention_common.cuh): the last CTA of each item merges its
-    // <= 16 rows, so no merge launch waits behind the grid. The arrival counters are this
-    // call's scratch, zeroed by a node that depends on nothing, so in a graph it runs early,
-    // beside whatever produces the attention's inputs.
-    mx::array counters = scratch_array(enc, {static_cast<int>(work)}, mx::uint32);
-    unsigned* counter_ptr = mx::gpu_ptr<unsigned>(counters);
-    int64_t counter_count = work;
-    constexpr int kZeroThreads = 256;
-    enc.set_output_array(counters);
-    add_kernel(enc,
-               kernel_info(enc, reinterpret_cast<const void*>(&zero_counters_kernel),
-                           kZeroThreads, 0),
-               dim3(static_cast<unsigned>(ceil_div(work, kZeroThreads))), kZeroThreads, 0,
-               counter_ptr, counter_count);
-    p.split_counters = counter_ptr;
-    register_inputs();
-    enc.set_output_array(partial_out);
-    enc.set_output_array(partial_lse);
-    enc.set_output_array(counters);
-    enc.set_output_array(out);
-    add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
-    return;
-  }
   register_inputs();
   enc.set_output_array(partial_out);
   enc.set_output_array(partial_lse);
   add_kernel(enc, info, grid, choice.threads, choice.smem_bytes, p);
 
-  // Prefill: a CTA's row block is up to 128 rows, too many partials for one CTA to merge.
   const KernelInfo merge = kernel_info(
-      enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), kMergeThreads, 0);
+      enc, reinterpret_cast<const void*>(&merge_splits_kernel<T>), 32 * kMergeWarps, 0);
   const float* merge_in = p.partial_out;
   const float* merge_lse = p.partial_lse;
   T* merge_out = p.out;
   int num_splits = plan.num_splits;
   int head_dim = s.head_dim;
   int64_t num_rows = out_rows;
-  int rows_per_cta =
-      merge_layout(kMergeThreads, std::numeric_limits<int>::max(), num_splits, head_dim,
-                   kMergeBatch)
-          .rows;
   enc.set_input_array(partial_out);
   enc.set_input_array(partial_lse);
   enc.set_output_array(out);
-  add_kernel(enc, merge, dim3(static_cast<unsigned>(ceil_div(out_rows, rows_per_cta))),
-             kMergeThreads, 0, merge_in, merge_lse, merge_out, num_rows, num_splits, head_dim,
-             rows_per_cta);
+  add_kernel(enc, merge, dim3(static_cast<unsigned>(ceil_div(out_rows, kMergeWarps))),
+             32 * kMergeWarps, 0, merge_in, merge_lse, merge_out, num_rows, num_splits, head_dim);
 }
 
 }  // namespace pagekernels::cuda

@@ -63,35 +63,14 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   const int warp_q = (tid / 32) % kWarpsQ;
   const int warp_kv = (tid / 32) / kWarpsQ;
   const WorkItem w = work_item(p);
-  const int num_keys = p.kv.num_keys(w.b);  // first used after the block_table lookups below
+  const int num_keys = p.kv.num_keys(w.b);
   const int row_begin = w.row_block * C::kRows;
   const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
-  const int chunk_begin = w.split * p.chunk_keys;
-  typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, chunk_begin,
-                        chunk_begin + p.chunk_keys, kHeadDim);
-  const int warp_row0 = warp_q * C::kWarpRows;  // this warp's first row in the CTA
-
-  // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
-  // Thread t copies chunk t % kChunks of rows t / kChunks + n * (kThreads / kChunks).
-  static_assert((C::kRows * C::kChunks) % C::kThreads == 0, "Q copies must split evenly");
-#pragma unroll
-  for (int n = 0; n < C::kRows * C::kChunks / C::kThreads; ++n) {
-    const int row = tid / C::kChunks + n * (C::kThreads / C::kChunks);
-    const int chunk = tid % C::kChunks;
-    const int r = row_begin + row;
-    const bool valid = r < row_end;
-    const T* src = valid ? p.q + q_row_offset(p, w.b, w.kv_head, r) + chunk * 8 : p.q;
-    cp_async_16(q_tile + C::Ring::position(row, chunk), src, valid);
-  }
-  cp_async_commit();
-
-  // The first block_table lookups need only shapes: they and context_lens are one round trip.
-  KVRow first[kStages];
-  KVRow window[C::kAhead];
-  ring.lookup(p.kv, first, window);
   const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
-  ring.clip(range.end);
+  const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
+                              range.end, kHeadDim);
   const int unmasked_end = min(range.all_rows, range.end);
+  const int warp_row0 = warp_q * C::kWarpRows;  // this warp's first row in the CTA
 
   // Key limits of this thread's accumulator rows: row g (h = 0) and g + 8 (h = 1) of m-tile mt.
   int limit[kMTiles][2];
@@ -107,9 +86,21 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
     }
   }
 
+  // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
+  for (int i = tid; i < C::kRows * C::kChunks; i += C::kThreads) {
+    const int row = i / C::kChunks;
+    const int chunk = i % C::kChunks;
+    const int r = row_begin + row;
+    const bool valid = r < row_end;
+    const T* src = valid ? p.q + q_row_offset(p, w.b, w.kv_head, r) + chunk * 8 : p.q;
+    cp_async_16(q_tile + C::Ring::position(row, chunk), src, valid);
+  }
+  cp_async_commit();
+
   // Offsets of the first kStages tiles; bit s of `unmapped` = the tile in offset slot s has
   // unmapped keys in range (it needs the element mask). __syncthreads_or is the barrier.
-  const uint32_t my_unmapped = ring.publish(p.kv, first);
+  KVRow window[C::kAhead];
+  const uint32_t my_unmapped = ring.start(p.kv, window);
   uint32_t unmapped = 0;
   for (int s = 0; s < kStages; ++s) {
     if (__syncthreads_or((my_unmapped >> s) & 1u)) unmapped |= 1u << s;
@@ -303,7 +294,6 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
     }
     write_row<T>(p, w, row_begin + row, d0, acc, state);
   }
-  merge_if_last<T, C::kThreads>(p, w, row_begin, row_end, reinterpret_cast<float*>(smem));
 }
 
 }  // namespace pagekernels::cuda

@@ -56,16 +56,19 @@ __global__ void __launch_bounds__(128)
   const int ty = (tid / C::kLanes) % C::kRows;
   const int tz = tid / (C::kLanes * C::kRows);
   const WorkItem w = work_item(p);
-  const int num_keys = p.kv.num_keys(w.b);  // first used after the block_table lookups below
+  const int num_keys = p.kv.num_keys(w.b);
   const int row_begin = w.row_block * C::kRows;
   const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
-  const int chunk_begin = w.split * p.chunk_keys;
-  typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, chunk_begin, chunk_begin + p.chunk_keys,
-                        p.head_dim);
+  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
+  const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
+                              p.head_dim);
   const int r = row_begin + ty;
   const bool row_valid = r < row_end;
   const int d0 = tx * kVec;
   const bool dims_valid = d0 < p.head_dim;
+  const int limit = row_valid ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal),
+                                    range.end)
+                              : 0;
 
   // Queries in fp32, pre-scaled by scale * log2(e) (never rounded back to T).
   float q[kVec] = {};
@@ -75,20 +78,11 @@ __global__ void __launch_bounds__(128)
     for (int e = 0; e < kVec; ++e) q[e] *= p.scale_log2;
   }
 
-  // The first block_table lookups need only shapes: they and context_lens are one round trip.
-  KVRow first[kStages];
-  KVRow window[C::kAhead];
-  ring.lookup(p.kv, first, window);
-  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
-  ring.clip(range.end);
-  const int limit = row_valid ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal),
-                                    range.end)
-                              : 0;
-
   float o[kVec] = {};
   SoftmaxState state = SoftmaxState::empty();
 
-  ring.publish(p.kv, first);
+  KVRow window[C::kAhead];
+  ring.start(p.kv, window);
   __syncthreads();
   for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
 
@@ -151,7 +145,8 @@ __global__ void __launch_bounds__(128)
       partial_md[2 * slot + 1] = state.d;
     }
     __syncthreads();
-    for (int z = 1; tz == 0 && z < C::kKeyGroups; ++z) {
+    if (tz != 0) return;
+    for (int z = 1; z < C::kKeyGroups; ++z) {
       const int other = z * C::kRows + ty;
       const SoftmaxState b{partial_md[2 * other], partial_md[2 * other + 1]};
       const MergeFactors f = merge_states(state, b);
@@ -160,8 +155,7 @@ __global__ void __launch_bounds__(128)
       for (int e = 0; e < kVec; ++e) o[e] = o[e] * f.fa + ob[e] * f.fb;
     }
   }
-  if (tz == 0 && row_valid && dims_valid) write_row<T>(p, w, r, d0, o, state);
-  merge_if_last<T, C::kThreads>(p, w, row_begin, row_end, reinterpret_cast<float*>(smem));
+  if (row_valid && dims_valid) write_row<T>(p, w, r, d0, o, state);
 }
 
 }  // namespace pagekernels::cuda

@@ -12,8 +12,8 @@ void dense_attention(const mx::array& q, const mx::array& k, const mx::array& v,
   check_head_dim("dense_attention", q.shape(3));
   check_aligned("dense_attention", {&q, &k, &v});
   auto& enc = mx::cu::get_command_encoder(s);
-  const AttentionShape shape{q.shape(0), q.shape(1), k.shape(1), q.shape(2),
-                             q.shape(3), k.shape(2), scale,      causal};
+  const AttentionShape shape{q.shape(0), q.shape(1), k.shape(1), q.shape(2), q.shape(3),
+                             k.shape(2), /*page_size=*/1,      scale,      causal};
   const DenseKV kv{k.shape(1), k.shape(2), k.shape(3), mx::gpu_ptr<int32_t>(key_lens)};
   dispatch_float(q.dtype(), "dense_attention", [&](auto tag) {
     using T = decltype(tag);

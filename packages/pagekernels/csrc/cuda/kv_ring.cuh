@@ -4,10 +4,7 @@
 // resolved once per key, by thread j for key j, into offset slot i % (kStages + 1), and shared
 // through shared memory with the threads that issue the 16-byte copies. Kernels use it as:
 //
-//   Ring ring(..., chunk_begin, chunk_end, ...)   // the split's keys, from shapes only
-//   ring.lookup(kv, first, window)    // block_table loads of the first tiles, in flight ...
-//   num_keys = kv.num_keys(b)         // ... together with the context_lens load
-//   ring.clip(end); ring.publish(kv, first); barrier; ring.issue(s) for s < kStages - 1
+//   ring.start(kv, window); barrier; ring.issue(s) for s < kStages - 1
 //   for each tile i:
 //     cp_async_wait<kStages - 2>(); barrier   // tile i has landed
 //     ring.issue(i + kStages - 1)             // refills tile i-1's stage
@@ -15,10 +12,8 @@
 //     ring.advance(kv, i, window)             // stores tile i+kStages's offsets into tile
 //                                             // i-1's slot, looks up tile i+kStages+kAhead
 //
-// The first lookups depend on shapes only, so a CTA pays one dependent round trip for
-// context_lens and block_table together, not one after the other. Later block_table loads run
-// kAhead tiles ahead of their use (`window` is per thread), so in decode, where a tile's compute
-// is short, the table's latency is not paid once per tile.
+// The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
+// decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
 //
 // Slot (i + kStages) % (kStages + 1) held tile i-1's offsets; their last reader (compute of tile
 // i-1) finished before tile i's barrier, and the next reader (issue at i+1) comes after the next
@@ -29,7 +24,6 @@
 #include <cstdint>
 
 #include "cuda/device_utils.cuh"
-#include "cuda/kv_prefetch.cuh"
 #include "cuda/kv_source.cuh"
 
 namespace pagekernels::cuda {
@@ -44,24 +38,18 @@ struct KVRing {
   static constexpr int kTileElems = kTile * kRowElems;
   static_assert((kTile * kChunks) % kThreads == 0, "tile copies must split evenly");
   static_assert(kTile <= kThreads, "one thread per key resolves offsets");
-  // Thread t copies 16-byte chunk t % kChunks of keys t / kChunks + n * kKeysPerPass: the
-  // chunk (and its swizzle) is fixed per thread, so a tile's copies are straight-line code.
-  static constexpr int kKeysPerPass = kThreads / kChunks;
-  static constexpr int kCopiesPerThread = kTile / kKeysPerPass;
-  static_assert(kThreads % kChunks == 0, "a thread keeps one chunk column");
-  static_assert(!kSwizzle || kKeysPerPass % 8 == 0, "the swizzle is fixed per thread");
   static constexpr size_t kRingBytes = 2 * size_t{kStages} * kTileElems * sizeof(T);
   static constexpr size_t kSmemBytes = kRingBytes + kOffsetSlots * kTile * sizeof(int64_t);
 
   T* k_ring;         // [kStages][kTile][kRowElems]
   T* v_ring;         // same
-  int64_t* offsets;  // [kOffsetSlots][kTile] byte offsets of the keys' rows, -1 = zero-fill
+  int64_t* offsets;  // [kOffsetSlots][kTile]
   const T* k;
   const T* v;
   int b;
   int kv_head;
   int begin;      // first key of tile 0
-  int end;        // keys >= end are never loaded (the chunk's bound until clip())
+  int end;        // keys >= end are never loaded
   int head_dim;   // valid elements per row (<= kRowElems)
   int num_tiles;
 
@@ -77,17 +65,7 @@ struct KVRing {
         begin(begin_),
         end(end_),
         head_dim(head_dim_),
-        num_tiles(tiles_until(end_)) {}
-
-  __device__ __forceinline__ int tiles_until(int stop) const {
-    return stop > begin ? (stop - begin + kTile - 1) / kTile : 0;
-  }
-
-  // Lowers `end` to the keys the CTA's rows can see (known once context_lens has arrived).
-  __device__ __forceinline__ void clip(int visible_end) {
-    end = min(end, visible_end);
-    num_tiles = tiles_until(end);
-  }
+        num_tiles(end_ > begin_ ? (end_ - begin_ + kTile - 1) / kTile : 0) {}
 
   __device__ __forceinline__ static int position(int row, int chunk) {
     if constexpr (kSwizzle) {
@@ -105,68 +83,46 @@ struct KVRing {
     return (j < kTile && tile < num_tiles && t < end) ? kv.locate(b, t) : KVRow{-1, 0};
   }
 
-  // Publishes this thread's key offset of `tile` (-1 past `end`, which may have been clipped
-  // after the lookup); true when the key is in range but unmapped.
+  // Publishes this thread's key offset of `tile`; true when the key is in range but unmapped.
   template <typename KV>
   __device__ __forceinline__ bool store_offsets(const KV& kv, int tile, KVRow row) const {
     const int j = static_cast<int>(threadIdx.x);
     if (j >= kTile || tile >= num_tiles) return false;
-    const bool in_range = begin + tile * kTile + j < end;
-    const int64_t off = in_range ? kv.offset(row, kv_head) : -1;
-    offsets[(tile % kOffsetSlots) * kTile + j] = off < 0 ? -1 : off * int64_t{sizeof(T)};
-    return off < 0 && in_range;
-  }
-
-  // 16-byte cp.async, or 16 zero bytes (the source is ignored) when !valid. The predicate form
-  // costs no src-size arithmetic per copy (ptxas folds src-size into the address otherwise).
-  __device__ __forceinline__ static void copy_or_zero(T* smem, const char* gmem, bool valid) {
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    asm volatile(
-        "{\n .reg .pred ignore;\n setp.eq.u32 ignore, %2, 0;\n"
-        " cp.async.cg.shared.global.L2::128B [%0], [%1], 16, ignore;\n}\n" ::"r"(dst),
-        "l"(gmem), "r"(static_cast<uint32_t>(valid)));
+    const int64_t off = kv.offset(row, kv_head);
+    offsets[(tile % kOffsetSlots) * kTile + j] = off;
+    return off < 0 && begin + tile * kTile + j < end;
   }
 
   // Copies of `tile` into its stage as one cp.async group (an empty group past the last tile,
   // so the wait counts stay uniform).
   __device__ __forceinline__ void issue(int tile) const {
     if (tile < num_tiles) {
-      const int chunk = static_cast<int>(threadIdx.x) % kChunks;
-      const int key0 = static_cast<int>(threadIdx.x) / kChunks;
-      const bool dims_valid = chunk * kElemsPerChunk < head_dim;
-      const int64_t* offs = tile_offsets(tile) + key0;
-      const int dst = (tile % kStages) * kTileElems + position(key0, chunk);
-      const char* k_src = reinterpret_cast<const char*>(k) + chunk * 16;
-      const char* v_src = reinterpret_cast<const char*>(v) + chunk * 16;
+      const int64_t* offs = tile_offsets(tile);
+      T* ks = k_ring + (tile % kStages) * kTileElems;
+      T* vs = v_ring + (tile % kStages) * kTileElems;
 #pragma unroll
-      for (int n = 0; n < kCopiesPerThread; ++n) {
-        const int64_t off = offs[n * kKeysPerPass];
-        const bool valid = dims_valid && off >= 0;
-        const int64_t src = valid ? off : -chunk * 16;  // the pool's first chunk, never read
-        const int at = dst + n * kKeysPerPass * kRowElems;
-        copy_or_zero(k_ring + at, k_src + src, valid);
-        copy_or_zero(v_ring + at, v_src + src, valid);
+      for (int i = static_cast<int>(threadIdx.x); i < kTile * kChunks; i += kThreads) {
+        const int j = i / kChunks;
+        const int chunk = i % kChunks;
+        const int64_t off = offs[j];
+        const bool valid = off >= 0 && chunk * kElemsPerChunk < head_dim;
+        const int64_t src = valid ? off + chunk * kElemsPerChunk : 0;
+        cp_async_16(ks + position(j, chunk), k + src, valid);
+        cp_async_16(vs + position(j, chunk), v + src, valid);
       }
     }
     cp_async_commit();
   }
 
-  // Block_table lookups of tiles 0 .. kStages-1 (`first`) and of the window behind them, all in
-  // flight together; they need only the chunk's bound, not context_lens.
+  // Prologue: offsets of tiles 0 .. kStages-1 (their lookups in flight together) and the first
+  // lookups of the window. Bit s of the result: this thread's key of tile s is unmapped.
   template <typename KV, int kAhead>
-  __device__ __forceinline__ void lookup(const KV& kv, KVRow (&first)[kStages],
-                                         KVRow (&window)[kAhead]) const {
-    prefetch_lookups(kv, b, begin, min(end, begin + (kStages + kAhead) * kTile) - begin);
+  __device__ __forceinline__ uint32_t start(const KV& kv, KVRow (&window)[kAhead]) const {
+    KVRow first[kStages];
 #pragma unroll
     for (int s = 0; s < kStages; ++s) first[s] = locate(kv, s);
 #pragma unroll
     for (int a = 0; a < kAhead; ++a) window[a] = locate(kv, kStages + a);
-  }
-
-  // Stores the offsets of tiles 0 .. kStages-1 (after clip()). Bit s of the result: this
-  // thread's key of tile s is unmapped.
-  template <typename KV>
-  __device__ __forceinline__ uint32_t publish(const KV& kv, const KVRow (&first)[kStages]) const {
     uint32_t unmapped = 0;
 #pragma unroll
     for (int s = 0; s < kStages; ++s) unmapped |= uint32_t{store_offsets(kv, s, first[s])} << s;

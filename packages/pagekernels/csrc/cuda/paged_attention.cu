@@ -18,6 +18,7 @@ void paged_attention(const mx::array& q, const mx::array& k_pages, const mx::arr
                              q.shape(2),
                              q.shape(3),
                              int64_t{block_table.shape(1)} * page_size,
+                             page_size,
                              scale,
                              causal};
   const PagedKV kv{PagedKVLayout{k_pages.shape(0), k_pages.shape(1), page_size, k_pages.shape(3),
