@@ -62,6 +62,8 @@ def _median_ms(run: Callable[[], list[mx.array]], steps: int, warmup: int = 3) -
 
 
 def _linear_weights(model: nn.Module) -> list[mx.array]:
+    if any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()):
+        raise SystemExit("decode_step.py times float projections; the model is quantized")
     weights = [
         module.weight for _, module in model.named_modules() if isinstance(module, nn.Linear)
     ]

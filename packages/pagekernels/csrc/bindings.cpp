@@ -90,8 +90,8 @@ NB_MODULE(_ext, m) {
         nb::sig("def linear(x: mlx.core.array, weight: mlx.core.array, *, "
                 "use_kernel: bool | None = None, "
                 "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
-        "x [..., K] @ weight [N, K]^T -> [..., N]. use_kernel: None = the small-batch kernel "
-        "where it applies (GPU, float16/bfloat16, <= 16 rows, K % 64 == 0), else matmul; "
-        "True = always the kernel; False = always matmul.");
+        "x [..., K] @ weight [N, K]^T -> [..., N]. use_kernel: None = the small-batch CUDA "
+        "kernel where it applies (GPU, one float16/bfloat16 dtype, <= 16 rows, K % 64 == 0), "
+        "else matmul; True = always our kernel (on the CPU a plain loop); False = matmul.");
   m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
 }

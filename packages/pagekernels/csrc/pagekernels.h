@@ -60,10 +60,11 @@ mx::array quantized_embedding(const mx::array& indices, const mx::array& weight,
 // Rows the linear kernel takes at most (a decode step's batch); more rows use mx::matmul.
 constexpr int kLinearMaxRows = 16;
 
-// x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype (weight: nn.Linear's layout). use_kernel:
-// none = the kernel where it applies (GPU stream, float16/bfloat16, at most kLinearMaxRows rows,
-// K % 64 == 0), mx::matmul otherwise; true = always the kernel (error where it does not apply);
-// false = always mx::matmul.
+// x [..., K] @ weight [N, K]^T -> [..., N] (weight: nn.Linear's layout). use_kernel: none = the
+// CUDA kernel where it applies (GPU stream, x and weight both float16 or both bfloat16, at most
+// kLinearMaxRows rows, K % 64 == 0), mx::matmul otherwise (dtypes promote as in matmul);
+// true = always our kernel: on the GPU where it applies (error otherwise), on the CPU a plain
+// fp32-accumulating loop for any float dtype shared by x and weight; false = always mx::matmul.
 mx::array linear(const mx::array& x, const mx::array& weight,
                  std::optional<bool> use_kernel = std::nullopt, mx::StreamOrDevice s = {});
 

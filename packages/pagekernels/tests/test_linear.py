@@ -45,24 +45,55 @@ def test_kernel_matches_the_equation(device, poison_allocator, assert_close, dty
     assert_close(out, _oracle(x, w))
 
 
+def _ran_kernel(out: mx.array, path) -> bool:
+    """Whether `out`'s graph holds our Linear primitive (else it is MLX's matmul)."""
+    mx.export_to_dot(str(path), out)
+    return "Linear" in path.read_text()
+
+
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("rows", [(4,), (17,), (2, 9)], ids=["4", "17", "2x9"])
-def test_automatic_choice(device, dtype, rows):
-    """The kernel exactly where it applies (GPU, 16-bit, <= 16 rows), `mx.matmul` elsewhere."""
-    x, w = _inputs(rows, 48, 128, dtype, seed=1)
+@pytest.mark.parametrize(
+    ("rows", "k"), [((16,), 128), ((17,), 128), ((2, 8), 64), ((4,), 96)], ids=str
+)
+def test_automatic_choice(device, assert_close, tmp_path, dtype, rows, k):
+    """The kernel exactly on a GPU stream for 16-bit inputs with <= 16 rows and K % 64 == 0,
+    `mx.matmul` everywhere else; the result is the equation either way."""
+    x, w = _inputs(rows, 48, k, dtype, seed=1)
     mx.eval(x, w)
     out = pagekernels.linear(x, w, stream=device)
-    rows_total = int(np.prod(rows))
-    kernel = device == mx.gpu and dtype != mx.float32 and rows_total <= _ext.linear_max_rows
-    expected = _ext.linear(x, w, use_kernel=kernel, stream=device)
-    np.testing.assert_array_equal(
-        np.array(out.astype(mx.float32)), np.array(expected.astype(mx.float32))
-    )
-    matmul = _ext.linear(x, w, use_kernel=False, stream=device)
-    np.testing.assert_array_equal(
-        np.array(matmul.astype(mx.float32)),
-        np.array(mx.matmul(x, w.T, stream=device).astype(mx.float32)),
-    )
+    applies = dtype != mx.float32 and int(np.prod(rows)) <= _ext.linear_max_rows and k % 64 == 0
+    assert _ran_kernel(out, tmp_path / "graph.dot") == (device == mx.gpu and applies)
+    assert_close(out, _oracle(x, w), tol=2e-2 if dtype != mx.float32 else 1e-4)
+
+
+def test_mixed_dtypes_promote_like_matmul(device, tmp_path):
+    x, w = _inputs((4,), 32, 64, mx.bfloat16)
+    w = w.astype(mx.float32)
+    out = pagekernels.linear(x, w, stream=device)
+    assert out.dtype == mx.float32
+    assert not _ran_kernel(out, tmp_path / "graph.dot")
+    np.testing.assert_allclose(np.array(out), np.array(x.astype(mx.float32) @ w.T), atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+def test_views_at_an_offset_and_transposed_weights(device, poison_allocator, assert_close, dtype):
+    """Inputs the kernel cannot load as aligned rows (a slice 2 bytes into its buffer, a weight
+    read through a transpose) are copied first, never misread or rejected at eval."""
+    x_wide, _ = _inputs((3,), 8, 129, dtype, seed=5)
+    x = x_wide[:, 1:]  # row-contiguous rows of 128, starting one element in
+    _, w_t = _inputs((1,), 128, 40, dtype, seed=6)
+    w = w_t.T  # [40, 128] view with strides (1, 40)
+    mx.eval(x_wide, w_t)
+    poison_allocator((3, 40), dtype)
+    out = _ext.linear(x, w, use_kernel=True, stream=device)
+    assert_close(out, _oracle(mx.contiguous(x), mx.contiguous(w)))
+
+
+def test_the_cpu_loop_takes_any_float_rows_and_depth(assert_close):
+    """Forced on the CPU, the kernel contract holds without the GPU kernel's limits."""
+    x, w = _inputs((20,), 24, 100, mx.float32, seed=7)
+    out = _ext.linear(x, w, use_kernel=True, stream=mx.cpu)
+    assert_close(out, _oracle(x, w))
 
 
 def test_empty_rows_give_an_empty_result(device):
@@ -96,31 +127,49 @@ def _valid_args() -> dict:
             r"x must be float32, float16 or bfloat16, got int32",
         ),
         (
-            {"x": mx.zeros((4, 64), dtype=mx.float16)},
-            r"weight must have the dtype of x \(float16\), got bfloat16",
+            {"weight": mx.zeros((32, 64), dtype=mx.int8)},
+            r"weight must be float32, float16 or bfloat16, got int8",
         ),
         (
             {"x": mx.zeros((4, 48), dtype=mx.bfloat16)},
             r"x.shape\[-1\]=48 must equal weight.shape\[1\]=64 \(K\)",
         ),
     ],
-    ids=["weight-rank", "x-scalar", "x-int", "dtype-mismatch", "depth"],
+    ids=["weight-rank", "x-scalar", "x-int", "weight-int", "depth"],
 )
 def test_bad_arguments_are_rejected(assert_rejected, change, match):
     assert_rejected("linear", {**_valid_args(), **change}, match)
 
 
+def test_forcing_the_kernel_on_mixed_dtypes_is_rejected(device):
+    x = mx.zeros((4, 64), dtype=mx.float16)
+    w = mx.zeros((8, 64), dtype=mx.bfloat16)
+    with pytest.raises(
+        ValueError,
+        match=r"^\[linear\] use_kernel=True but the kernel takes x and weight of one dtype, "
+        r"got float16 and bfloat16",
+    ):
+        _ext.linear(x, w, use_kernel=True, stream=device)
+
+
+def _gpu_only(test):
+    """Keeps `test` only where MLX has a CUDA GPU (pytest collects no `None` attribute)."""
+    return test if mx.cuda.is_available() else None
+
+
+@_gpu_only
 @pytest.mark.parametrize(
     ("x_shape", "k", "dtype", "match"),
     [
-        ((17, 64), 64, mx.bfloat16, r"the kernel takes at most 16 rows, got 17"),
-        ((4, 96), 96, mx.bfloat16, r"the kernel needs K % 64 == 0, got K=96"),
-        ((4, 64), 64, mx.float32, r"the kernel takes float16 or bfloat16, got float32"),
+        ((17, 64), 64, mx.bfloat16, r"the CUDA kernel takes at most 16 rows, got 17"),
+        ((4, 96), 96, mx.bfloat16, r"the CUDA kernel needs K % 64 == 0, got K=96"),
+        ((4, 64), 64, mx.float32, r"the CUDA kernel takes float16 or bfloat16, got float32"),
     ],
     ids=["rows", "depth", "float32"],
 )
-def test_forcing_the_kernel_where_it_does_not_apply_is_rejected(x_shape, k, dtype, match):
+def test_forcing_the_cuda_kernel_where_it_does_not_apply_is_rejected(x_shape, k, dtype, match):
+    """Checked when the op is built for a GPU stream."""
     x = mx.zeros(x_shape, dtype=dtype)
     w = mx.zeros((8, k), dtype=dtype)
     with pytest.raises(ValueError, match=r"^\[linear\] use_kernel=True but " + match):
-        _ext.linear(x, w, use_kernel=True)
+        _ext.linear(x, w, use_kernel=True, stream=mx.gpu)

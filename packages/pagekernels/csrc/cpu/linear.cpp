@@ -1,5 +1,5 @@
 // Linear::eval_cpu: x [M, K] @ weight [N, K]^T with fp32 accumulation, one task per block of
-// output columns (each weight row is read once, as on the GPU).
+// output columns (each weight row is read once, as on the GPU). Inputs may be strided views.
 #include <algorithm>
 #include <cstdint>
 
@@ -26,20 +26,24 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
   const int rows = x.shape(0);
   const int depth = x.shape(1);
   const int columns = weight.shape(0);
+  const int64_t x_row = x.strides(0), x_col = x.strides(1);
+  const int64_t w_row = weight.strides(0), w_col = weight.strides(1);
   cpu::dispatch_float(x.dtype(), name(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     enc.dispatch([xs = x.data<T>(), ws = weight.data<T>(), ys = out.data<T>(), rows, depth,
-                  columns] {
+                  columns, x_row, x_col, w_row, w_col] {
       const int tasks = (columns + kColumnsPerTask - 1) / kColumnsPerTask;
       const int64_t work = int64_t{rows} * depth * columns;
       cpu::parallel_tasks<NoScratch>(tasks, work, [&](int task, NoScratch&) {
         const int end = std::min(columns, (task + 1) * kColumnsPerTask);
         for (int n = task * kColumnsPerTask; n < end; ++n) {
-          const T* w = ws + int64_t{n} * depth;
+          const T* w = ws + n * w_row;
           for (int m = 0; m < rows; ++m) {
-            const T* xr = xs + int64_t{m} * depth;
+            const T* xr = xs + m * x_row;
             float sum = 0.0f;
-            for (int k = 0; k < depth; ++k) sum += cpu::to_float(xr[k]) * cpu::to_float(w[k]);
+            for (int k = 0; k < depth; ++k) {
+              sum += cpu::to_float(xr[k * x_col]) * cpu::to_float(w[k * w_col]);
+            }
             ys[int64_t{m} * columns + n] = cpu::from_float<T>(sum);
           }
         }

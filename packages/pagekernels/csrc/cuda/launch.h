@@ -41,8 +41,8 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
                          const mx::array& scales, const mx::array& biases, mx::array& out,
                          int group_size, int bits, const mx::Stream& s);
 
-// x [M, K], weight [N, K] (float16/bfloat16, row-contiguous, M <= 16, K % 64 == 0);
-// out [M, N] = x @ weight^T.
+// x [M, K], weight [N, K] (one dtype, float16/bfloat16; M <= 16, K % 64 == 0; strided or
+// unaligned views are copied first); out [M, N] = x @ weight^T.
 void linear(const mx::array& x, const mx::array& weight, mx::array& out, const mx::Stream& s);
 
 }  // namespace pagekernels::cuda

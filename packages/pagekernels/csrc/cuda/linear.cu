@@ -151,12 +151,49 @@ void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int col
              kThreads, 0, x, w, y, rows, columns, depth);
 }
 
+constexpr int kCopyThreads = 256;
+
+// dst [rows, cols] row-major = src with element strides (row_stride, col_stride); 2-byte types.
+__global__ void __launch_bounds__(kCopyThreads)
+    copy_strided_kernel(const uint16_t* src, uint16_t* dst, int64_t rows, int64_t cols,
+                        int64_t row_stride, int64_t col_stride) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
+  if (i >= rows * cols) return;
+  dst[i] = src[(i / cols) * row_stride + (i % cols) * col_stride];
+}
+
+// `a` itself when its rows are contiguous and start 16-byte aligned (the kernel's vector loads);
+// otherwise a row-major copy in scratch that lives until the graph has run. Model activations
+// and weights take the first branch; views (slices at an offset, transposes) take the second.
+mx::array vector_loadable(Encoder& enc, const mx::array& a) {
+  const bool aligned = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a)) % 16 == 0;
+  if (a.flags().row_contiguous && aligned) return a;
+  mx::array copy = scratch_array(enc, {a.shape(0), a.shape(1)}, a.dtype());
+  int64_t rows = a.shape(0), cols = a.shape(1);
+  int64_t row_stride = a.strides(0), col_stride = a.strides(1);
+  const uint16_t* src = mx::gpu_ptr<uint16_t>(a);
+  uint16_t* dst = mx::gpu_ptr<uint16_t>(copy);
+  const KernelInfo info =
+      kernel_info(enc, reinterpret_cast<const void*>(&copy_strided_kernel), kCopyThreads, 0);
+  enc.set_input_array(a);
+  enc.set_output_array(copy);
+  const auto blocks = static_cast<unsigned>((rows * cols + kCopyThreads - 1) / kCopyThreads);
+  add_kernel(enc, info, dim3(blocks), kCopyThreads, 0, src, dst, rows, cols, row_stride,
+             col_stride);
+  return copy;
+}
+
 }  // namespace
 
-void linear(const mx::array& x, const mx::array& weight, mx::array& out, const mx::Stream& s) {
+void linear(const mx::array& x_in, const mx::array& weight_in, mx::array& out,
+            const mx::Stream& s) {
   NvtxRange range("pagekernels::linear");
+  if (x_in.dtype() != mx::float16 && x_in.dtype() != mx::bfloat16) {
+    throw std::invalid_argument("[linear] the CUDA kernel takes float16 or bfloat16");
+  }
   auto& enc = mx::cu::get_command_encoder(s);
-  check_aligned("linear", {&x, &weight});
+  const mx::array x = vector_loadable(enc, x_in);
+  const mx::array weight = vector_loadable(enc, weight_in);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   enc.set_input_array(x);
   enc.set_input_array(weight);
@@ -177,10 +214,8 @@ void linear(const mx::array& x, const mx::array& weight, mx::array& out, const m
   };
   if (x.dtype() == mx::float16) {
     launch(__half{});
-  } else if (x.dtype() == mx::bfloat16) {
-    launch(__nv_bfloat16{});
   } else {
-    throw std::invalid_argument("[linear] the CUDA kernel takes float16 or bfloat16");
+    launch(__nv_bfloat16{});
   }
 }
 

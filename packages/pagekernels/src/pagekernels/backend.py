@@ -98,7 +98,8 @@ class KernelBackend(Protocol):
         ...
 
     def linear(self, x: mx.array, weight: mx.array) -> mx.array:
-        """x `[..., K]` @ weight `[N, K]`.T -> `[..., N]` (a projection of `mlx.nn.Linear`)."""
+        """x `[..., K]` @ weight `[N, K]`.T -> `[..., N]` (a projection of `mlx.nn.Linear`),
+        in the promoted dtype of x and weight, as `mx.matmul`."""
         ...
 
 

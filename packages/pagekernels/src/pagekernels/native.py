@@ -220,21 +220,22 @@ def quantized_embedding(
 def linear(x: mx.array, weight: mx.array, *, stream: StreamOrDevice = None) -> mx.array:
     """`x @ weight.T` for the projections of a decode step.
 
-    On a GPU stream, float16/bfloat16 inputs with at most `_ext.linear_max_rows` (16) rows
-    and `K % 64 == 0` run one kernel node that reads each weight byte once (MLX would take
-    cuBLASLt, whose per-call host cost exceeds the weights' streaming time at these sizes);
-    everything else is `mx.matmul`. `_ext.linear(..., use_kernel=True/False)` forces one path.
+    On a GPU stream, x and weight both float16 or both bfloat16 with at most
+    `_ext.linear_max_rows` (16) rows and `K % 64 == 0` run one kernel node that reads each
+    weight byte once (MLX would take cuBLASLt, whose per-call host cost exceeds the weights'
+    streaming time at these sizes); everything else is `mx.matmul`, dtypes promoting as there.
+    `_ext.linear(..., use_kernel=True/False)` forces our kernel or matmul (tests, benchmarks).
 
     Args:
         x: `[..., K]` float32, float16 or bfloat16.
-        weight: `[N, K]`, x's dtype (the layout of `mlx.nn.Linear.weight`).
+        weight: `[N, K]` float (the layout of `mlx.nn.Linear.weight`).
         stream: Stream or device to run on.
 
     Returns:
-        `[..., N]` in x's dtype.
+        `[..., N]`, the promoted dtype of x and weight (x's when they agree).
 
     Raises:
-        ValueError: On ranks, dtypes or a K that do not fit together.
+        ValueError: On ranks, non-float dtypes or a K that do not fit together.
     """
     return _ext.linear(x, weight, stream=stream)
 

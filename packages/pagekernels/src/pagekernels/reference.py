@@ -180,8 +180,12 @@ def quantized_embedding(
 def linear(x: mx.array, weight: mx.array) -> mx.array:
     """`x @ weight.T`; see `pagekernels.native.linear`.
 
+    Args:
+        x: `[..., K]` float.
+        weight: `[N, K]` float.
+
     Returns:
-        `[..., N]` in x's dtype.
+        `[..., N]`, the promoted dtype of x and weight.
     """
     return x @ weight.T
 
