@@ -20,8 +20,9 @@ mx::array dense_attention(const mx::array& queries, const mx::array& keys,
   check_float_dtype(kOp, queries, "queries");
   check_same_dtype(kOp, queries, "queries", keys, "keys");
   check_same_dtype(kOp, queries, "queries", values, "values");
-  check(queries.shape(3) > 0, kOp, "head dim D must be positive, got queries of shape " +
-                                       shape_str(queries));
+  check(queries.shape(3) > 0, kOp, [&] {
+    return "head dim D must be positive, got queries of shape " + shape_str(queries);
+  });
   check_dim(kOp, queries, 3, "queries", keys, 3, "keys");
   check_dim(kOp, queries, 0, "queries", keys, 0, "keys");
   check_gqa(kOp, queries.shape(1), keys.shape(1));

@@ -39,18 +39,21 @@ std::string kernel_mismatch(const mx::array& x, const mx::array& weight, bool gp
 
 mx::array linear(const mx::array& x, const mx::array& weight, std::optional<bool> use_kernel,
                  mx::StreamOrDevice s) {
-  check(x.ndim() >= 1, kOp, "x must have rank >= 1 [..., K], got a scalar");
+  check(x.ndim() >= 1, kOp, [&] { return "x must have rank >= 1 [..., K], got a scalar"; });
   check_rank(kOp, weight, "weight", 2, "[N, K]");
   check_float_dtype(kOp, x, "x");
   check_float_dtype(kOp, weight, "weight");
-  check(x.shape(-1) == weight.shape(1), kOp,
-        "x.shape[-1]=" + std::to_string(x.shape(-1)) + " must equal weight.shape[1]=" +
-            std::to_string(weight.shape(1)) + " (K) for x of shape " + shape_str(x) +
-            " and weight of shape " + shape_str(weight));
+  check(x.shape(-1) == weight.shape(1), kOp, [&] {
+    return "x.shape[-1]=" + std::to_string(x.shape(-1)) + " must equal weight.shape[1]=" +
+           std::to_string(weight.shape(1)) + " (K) for x of shape " + shape_str(x) +
+           " and weight of shape " + shape_str(weight);
+  });
   auto stream = mx::to_stream(s);
   const bool gpu = stream.device == mx::Device::gpu;
   const std::string mismatch = kernel_mismatch(x, weight, gpu);
-  if (use_kernel.value_or(false)) check(mismatch.empty(), kOp, "use_kernel=True but " + mismatch);
+  if (use_kernel.value_or(false)) {
+    check(mismatch.empty(), kOp, [&] { return "use_kernel=True but " + mismatch; });
+  }
   const bool kernel = use_kernel.value_or(gpu && mismatch.empty());
   if (!kernel || x.size() == 0 || weight.shape(0) == 0) {
     return mx::matmul(x, mx::transpose(weight, stream), stream);

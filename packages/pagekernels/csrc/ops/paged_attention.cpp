@@ -19,8 +19,9 @@ mx::array paged_attention(const mx::array& queries, const mx::array& key_pages,
   check_float_dtype(kOp, queries, "queries");
   check_same_dtype(kOp, queries, "queries", key_pages, "key_pages");
   check_paged_kv(kOp, key_pages, value_pages, block_table, context_lens, page_size);
-  check(queries.shape(3) > 0, kOp, "head dim D must be positive, got queries of shape " +
-                                       shape_str(queries));
+  check(queries.shape(3) > 0, kOp, [&] {
+    return "head dim D must be positive, got queries of shape " + shape_str(queries);
+  });
   check_dim(kOp, queries, 3, "queries", key_pages, 3, "key_pages");
   check_gqa(kOp, queries.shape(1), key_pages.shape(1));
   check_dim(kOp, queries, 0, "queries", block_table, 0, "block_table");

@@ -39,13 +39,16 @@ mx::array flat_int32_indices(const mx::array& indices, int num_rows, const mx::S
 mx::array quantized_embedding(const mx::array& indices, const mx::array& weight,
                               const mx::array& scales, const mx::array& biases, int group_size,
                               int bits, mx::StreamOrDevice s) {
-  check(mx::issubdtype(indices.dtype(), mx::integer), kOp,
-        "indices must have an integer dtype, got " + dtype_str(indices.dtype()));
-  check(contains(kBits, bits), kOp,
-        "bits must be one of 1, 2, 3, 4, 5, 6, 8 (mx.quantize affine), got " +
-            std::to_string(bits));
-  check(contains(kGroupSizes, group_size), kOp,
-        "group_size must be one of 32, 64, 128, got " + std::to_string(group_size));
+  check(mx::issubdtype(indices.dtype(), mx::integer), kOp, [&] {
+    return "indices must have an integer dtype, got " + dtype_str(indices.dtype());
+  });
+  check(contains(kBits, bits), kOp, [&] {
+    return "bits must be one of 1, 2, 3, 4, 5, 6, 8 (mx.quantize affine), got " +
+           std::to_string(bits);
+  });
+  check(contains(kGroupSizes, group_size), kOp, [&] {
+    return "group_size must be one of 32, 64, 128, got " + std::to_string(group_size);
+  });
   check_rank(kOp, weight, "weight", 2, "[V, dims * bits / 32]");
   check_dtype(kOp, weight, "weight", mx::uint32);
   check_rank(kOp, scales, "scales", 2, "[V, dims / group_size]");
@@ -54,14 +57,17 @@ mx::array quantized_embedding(const mx::array& indices, const mx::array& weight,
   check_same_dtype(kOp, scales, "scales", biases, "biases");
   check_dim(kOp, weight, 0, "weight", scales, 0, "scales");
   int64_t packed_bits = static_cast<int64_t>(weight.shape(1)) * 32;
-  check(packed_bits % bits == 0, kOp,
-        "weight.shape[1]=" + std::to_string(weight.shape(1)) + " uint32 words do not hold a whole "
-            "number of " + std::to_string(bits) + "-bit values");
+  check(packed_bits % bits == 0, kOp, [&] {
+    return "weight.shape[1]=" + std::to_string(weight.shape(1)) +
+           " uint32 words do not hold a whole number of " + std::to_string(bits) + "-bit values";
+  });
   int dims = static_cast<int>(packed_bits / bits);
-  check(static_cast<int64_t>(scales.shape(1)) * group_size == dims, kOp,
-        "scales.shape[1]=" + std::to_string(scales.shape(1)) + " must equal dims / group_size = " +
-            std::to_string(dims) + " / " + std::to_string(group_size) + " for weight of shape " +
-            shape_str(weight) + " at bits=" + std::to_string(bits));
+  check(static_cast<int64_t>(scales.shape(1)) * group_size == dims, kOp, [&] {
+    return "scales.shape[1]=" + std::to_string(scales.shape(1)) +
+           " must equal dims / group_size = " + std::to_string(dims) + " / " +
+           std::to_string(group_size) + " for weight of shape " + shape_str(weight) + " at bits=" +
+           std::to_string(bits);
+  });
 
   auto stream = mx::to_stream(s);
   auto flat = flat_int32_indices(indices, weight.shape(0), stream);
