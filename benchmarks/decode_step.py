@@ -38,6 +38,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from attention_workload import DTYPES
 
 from pagekernels import get_backend
 from pagepool import BatchMetadata, PagePool
@@ -45,8 +46,6 @@ from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
 
 __all__ = ["main"]
-
-_DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
 
 def _median_ms(run: Callable[[], list[mx.array]], steps: int, warmup: int = 3) -> float:
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
     parser.add_argument("--model", default="qwen3-4b", choices=sorted(SYNTHETIC_CONFIGS))
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--page-size", type=int, default=16)
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    dtype = _DTYPES[args.dtype]
+    dtype = DTYPES[args.dtype]
 
     backend = get_backend("native")
     model, _ = build_synthetic(args.model, backend=backend, dtype=dtype)

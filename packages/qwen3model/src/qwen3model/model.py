@@ -139,12 +139,12 @@ class Qwen3Model(nn.Module):
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Maps normed hidden states `[..., hidden]` to float32 logits `[..., vocab]`."""
+        if not self.args.tie_word_embeddings:
+            return self.lm_head(hidden).astype(mx.float32)
         embedding = self.model.embed_tokens
-        if self.args.tie_word_embeddings and isinstance(embedding, nn.QuantizedEmbedding):
+        if isinstance(embedding, nn.QuantizedEmbedding):
             return embedding.as_linear(hidden).astype(mx.float32)
-        if self.args.tie_word_embeddings:
-            return self.backend.linear(hidden, embedding.weight).astype(mx.float32)
-        return self.lm_head(hidden).astype(mx.float32)
+        return self.backend.linear(hidden, embedding.weight).astype(mx.float32)
 
     def _step_attention(self, metadata: BatchMetadata, kv: KVStorage) -> StepAttention:
         scale = self.args.head_dim**-0.5
