@@ -4,6 +4,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>  // StreamOrDevice is a std::variant
+#include <nanobind/stl/vector.h>
 
 #include "pagekernels.h"
 
@@ -93,5 +94,15 @@ NB_MODULE(_ext, m) {
         "x [..., K] @ weight [N, K]^T -> [..., N]. use_kernel: None = the small-batch CUDA "
         "kernel where it applies (GPU, one float16/bfloat16 dtype, <= 16 rows, K % 64 == 0), "
         "else matmul; True = always our kernel (on the CPU a plain loop); False = matmul.");
+  m.def("split_linear", &pagekernels::split_linear, "x"_a, "weight"_a, "widths"_a, nb::kw_only(),
+        "use_kernel"_a = nb::none(), "stream"_a = nb::none(),
+        nb::sig("def split_linear(x: mlx.core.array, weight: mlx.core.array, "
+                "widths: collections.abc.Sequence[int], *, use_kernel: bool | None = None, "
+                "stream: mlx.core.Stream | mlx.core.Device | None = None) "
+                "-> list[mlx.core.array]"),
+        "x [..., K] @ weight [N, K]^T split along N into parts of `widths` (summing to N, at "
+        "most 4): one contiguous [..., N_i] array each, the weights streamed once. use_kernel "
+        "as for linear.");
   m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
+  m.attr("linear_max_parts") = pagekernels::kLinearMaxParts;
 }

@@ -94,17 +94,23 @@ class QuantizedEmbedding : public mx::Primitive {
   const int bits_;
 };
 
-// inputs: x [M, K], weight [N, K] (float16/bfloat16, M <= kLinearMaxRows, K % 64 == 0)
-// -> x @ weight^T [M, N]
+// inputs: x [M, K], weight [N, K] (float16/bfloat16 on the GPU, M <= kLinearMaxRows,
+// K % 64 == 0) -> x @ weight^T split along N: output i is [M, widths[i]].
 class Linear : public mx::Primitive {
  public:
-  explicit Linear(mx::Stream stream) : mx::Primitive(stream) {}
+  Linear(mx::Stream stream, std::vector<int> widths)
+      : mx::Primitive(stream), widths_(std::move(widths)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "Linear"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }  // no attributes
-  std::tuple<> state() const { return {}; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return widths_ == static_cast<const Linear&>(other).widths_;
+  }
+  std::vector<int> state() const { return widths_; }
+
+ private:
+  const std::vector<int> widths_;
 };
 
 }  // namespace pagekernels

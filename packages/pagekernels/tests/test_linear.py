@@ -173,3 +173,81 @@ def test_forcing_the_cuda_kernel_where_it_does_not_apply_is_rejected(x_shape, k,
     w = mx.zeros((8, k), dtype=dtype)
     with pytest.raises(ValueError, match=r"^\[linear\] use_kernel=True but " + match):
         _ext.linear(x, w, use_kernel=True, stream=mx.gpu)
+
+
+# split_linear: stacked weights, one contiguous output per part.
+
+
+def _parts_oracle(x: mx.array, w: mx.array, widths: tuple[int, ...]) -> list[mx.array]:
+    boundaries = list(np.cumsum(widths)[:-1])
+    return mx.split(_oracle(x, w), boundaries, axis=-1)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize(
+    ("rows", "widths", "k"),
+    [
+        ((4,), (64, 16, 16), 128),  # q, k, v of a GQA layer in miniature
+        ((9,), (20, 7, 13, 24), 64),  # parts that straddle the kernel's 16-column tiles
+        ((2, 3), (48, 48), 2560),  # gate and up at Qwen3-4B's hidden size
+        ((1,), (0, 32, 16), 64),  # an empty part
+    ],
+    ids=str,
+)
+def test_split_kernel_matches_the_equation(
+    device, poison_allocator, assert_close, dtype, rows, widths, k
+):
+    x, w = _inputs(rows, sum(widths), k, dtype, seed=8)
+    mx.eval(x, w)
+    for width in widths:
+        poison_allocator((int(np.prod(rows)), width), dtype)
+    parts = _ext.split_linear(x, w, widths, use_kernel=True, stream=device)
+    assert [p.shape for p in parts] == [(*rows, width) for width in widths]
+    for part, expected in zip(parts, _parts_oracle(x, w, widths), strict=True):
+        assert_close(part, expected)
+
+
+def test_split_parts_come_from_one_product(device, tmp_path):
+    """Where the kernel applies the parts are outputs of one Linear node (no Split or Slice
+    after it); elsewhere they are a split matmul."""
+    x, w = _inputs((4,), 96, 128, mx.bfloat16, seed=9)
+    parts = pagekernels.split_linear(x, w, (64, 32), stream=device)
+    graph = tmp_path / "graph.dot"
+    mx.export_to_dot(str(graph), *parts)
+    text = graph.read_text()
+    assert ("Linear" in text and "Slice" not in text) == (device == mx.gpu)
+
+
+def test_split_runs_inside_compile(assert_close):
+    """The multi-output primitive traces and replays under `mx.compile`."""
+    x, w = _inputs((3,), 40, 64, mx.float32, seed=10)
+
+    def project(x: mx.array, w: mx.array) -> list[mx.array]:
+        return _ext.split_linear(x, w, (24, 16), use_kernel=True, stream=mx.cpu)
+
+    compiled = mx.compile(project)
+    for seed in (10, 11):  # the second call replays the trace on new values
+        x, w = _inputs((3,), 40, 64, mx.float32, seed=seed)
+        for part, expected in zip(compiled(x, w), _parts_oracle(x, w, (24, 16)), strict=True):
+            assert_close(part, expected)
+
+
+def test_split_reference_backend_is_the_split_equation():
+    x, w = _inputs((3,), 20, 64, mx.float32)
+    parts = pagekernels.get_backend("reference").split_linear(x, w, (5, 15))
+    for part, expected in zip(parts, mx.split(x @ w.T, [5], axis=-1), strict=True):
+        np.testing.assert_array_equal(np.array(part), np.array(expected))
+
+
+@pytest.mark.parametrize(
+    ("widths", "match"),
+    [
+        ((16, 8), r"widths must be .* summing to weight.shape\[0\]=32 \(N\), got \[16, 8\]"),
+        ((40, -8), r"widths must be 1 to 4 non-negative .*got \[40, -8\]"),
+        ((), r"widths must be 1 to 4 .*got \[\]"),
+        ((8, 8, 8, 4, 4), r"widths must be 1 to 4 .*got \[8, 8, 8, 4, 4\]"),
+    ],
+    ids=["sum", "negative", "none", "five"],
+)
+def test_split_bad_widths_are_rejected(assert_rejected, widths, match):
+    assert_rejected("split_linear", {**_valid_args(), "widths": widths}, match)

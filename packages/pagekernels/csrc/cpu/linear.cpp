@@ -1,7 +1,9 @@
 // Linear::eval_cpu: x [M, K] @ weight [N, K]^T with fp32 accumulation, one task per block of
-// output columns (each weight row is read once, as on the GPU). Inputs may be strided views.
+// output columns (each weight row is read once, as on the GPU), column n written to the output
+// part it falls in. Inputs may be strided views.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "cpu/dispatch.h"
 #include "cpu/parallel.h"
@@ -21,7 +23,6 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
   if (!cpu::allocate_outputs(outputs)) return;
   const auto& x = inputs[0];
   const auto& weight = inputs[1];
-  auto& out = outputs[0];
   auto& enc = cpu::encoder_for(stream(), inputs, outputs);
   const int rows = x.shape(0);
   const int depth = x.shape(1);
@@ -30,13 +31,22 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
   const int64_t w_row = weight.strides(0), w_col = weight.strides(1);
   cpu::dispatch_float(x.dtype(), name(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    enc.dispatch([xs = x.data<T>(), ws = weight.data<T>(), ys = out.data<T>(), rows, depth,
-                  columns, x_row, x_col, w_row, w_col] {
+    std::vector<T*> parts;
+    std::vector<int> starts{0};  // part i holds columns starts[i] .. starts[i + 1] - 1
+    for (auto& out : outputs) {
+      parts.push_back(out.data<T>());
+      starts.push_back(starts.back() + out.shape(1));
+    }
+    enc.dispatch([xs = x.data<T>(), ws = weight.data<T>(), parts = std::move(parts),
+                  starts = std::move(starts), rows, depth, columns, x_row, x_col, w_row, w_col] {
       const int tasks = (columns + kColumnsPerTask - 1) / kColumnsPerTask;
       const int64_t work = int64_t{rows} * depth * columns;
       cpu::parallel_tasks<NoScratch>(tasks, work, [&](int task, NoScratch&) {
         const int end = std::min(columns, (task + 1) * kColumnsPerTask);
         for (int n = task * kColumnsPerTask; n < end; ++n) {
+          const auto part = std::upper_bound(starts.begin(), starts.end(), n) - starts.begin() - 1;
+          const int width = starts[part + 1] - starts[part];
+          T* ys = parts[part] + (n - starts[part]);
           const T* w = ws + n * w_row;
           for (int m = 0; m < rows; ++m) {
             const T* xr = xs + m * x_row;
@@ -44,7 +54,7 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
             for (int k = 0; k < depth; ++k) {
               sum += cpu::to_float(xr[k * x_col]) * cpu::to_float(w[k * w_col]);
             }
-            ys[int64_t{m} * columns + n] = cpu::from_float<T>(sum);
+            ys[int64_t{m} * width] = cpu::from_float<T>(sum);
           }
         }
       });

@@ -6,6 +6,8 @@
 // page read through PagedKVLayout.
 #pragma once
 
+#include <vector>
+
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
@@ -42,7 +44,9 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
                          int group_size, int bits, const mx::Stream& s);
 
 // x [M, K], weight [N, K] (one dtype, float16/bfloat16; M <= 16, K % 64 == 0; strided or
-// unaligned views are copied first); out [M, N] = x @ weight^T.
-void linear(const mx::array& x, const mx::array& weight, mx::array& out, const mx::Stream& s);
+// unaligned views are copied first); outputs: x @ weight^T split along N, output i [M, N_i]
+// (at most 4, N_0 + N_1 + ... = N).
+void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
+            const mx::Stream& s);
 
 }  // namespace pagekernels::cuda

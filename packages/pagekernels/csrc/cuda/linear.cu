@@ -15,6 +15,9 @@
 // elements 4j .. 4j + 3 as its k pairs {2c, 2c + 1} and {2c + 8, 2c + 9}, for A and for B alike,
 // so no shuffle or shared-memory staging is needed.
 //
+// Stacked weights (split_linear): the output columns are split into up to kLinearMaxParts
+// contiguous arrays; the epilogue writes column n into the part that holds it.
+//
 // Work split: a CTA owns 16 output columns; its kWarps warps take consecutive shares of K and
 // add their tiles through shared memory. Measured on the H200 at every Qwen3-4B projection
 // (benchmarks/decode_step.py): 4, 8 or 16 warps per CTA time the same within 5 %; splitting K
@@ -44,6 +47,31 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
                : "l"(p));
   return v;
 }
+
+constexpr int kMaxParts = 4;  // kLinearMaxParts
+
+// Where output column n goes: part p holds columns start[p] .. start[p + 1] - 1, row-major.
+template <typename T>
+struct OutputParts {
+  T* data[kMaxParts];
+  int start[kMaxParts + 1];
+  int count;
+
+  __device__ T* column(int m, int n) const {
+    // Constant indices only (unrolled), so the parameter struct is not copied to local memory.
+    T* base = data[0];
+    int first = 0, end = start[1];
+#pragma unroll
+    for (int p = 1; p < kMaxParts; ++p) {
+      if (p < count && n >= start[p]) {
+        base = data[p];
+        first = start[p];
+        end = start[p + 1];
+      }
+    }
+    return base + int64_t{m} * (end - first) + (n - first);
+  }
+};
 
 template <int kTilesM>
 struct Fragments {
@@ -88,7 +116,7 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
 
 template <typename T, int kTilesM>
 __global__ void __launch_bounds__(kThreads)
-    linear_kernel(const T* x, const T* w, T* y, int rows, int columns, int depth) {
+    linear_kernel(const T* x, const T* w, OutputParts<T> y, int rows, int columns, int depth) {
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -138,13 +166,13 @@ __global__ void __launch_bounds__(kThreads)
     float sum = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][n][m];
-    y[int64_t{m} * columns + n0 + n] = from_float<T>(sum);
+    *y.column(m, n0 + n) = from_float<T>(sum);
   }
 }
 
 template <typename T, int kTilesM>
-void launch_linear(Encoder& enc, const T* x, const T* w, T* y, int rows, int columns,
-                   int depth) {
+void launch_linear(Encoder& enc, const T* x, const T* w, OutputParts<T> y, int rows,
+                   int columns, int depth) {
   const KernelInfo info =
       kernel_info(enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>), kThreads, 0);
   add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
@@ -185,7 +213,7 @@ mx::array vector_loadable(Encoder& enc, const mx::array& a) {
 
 }  // namespace
 
-void linear(const mx::array& x_in, const mx::array& weight_in, mx::array& out,
+void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::array>& outputs,
             const mx::Stream& s) {
   NvtxRange range("pagekernels::linear");
   if (x_in.dtype() != mx::float16 && x_in.dtype() != mx::bfloat16) {
@@ -194,10 +222,16 @@ void linear(const mx::array& x_in, const mx::array& weight_in, mx::array& out,
   auto& enc = mx::cu::get_command_encoder(s);
   const mx::array x = vector_loadable(enc, x_in);
   const mx::array weight = vector_loadable(enc, weight_in);
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (outputs.size() > kMaxParts) {
+    throw std::invalid_argument("[linear] the CUDA kernel writes at most " +
+                                std::to_string(kMaxParts) + " parts");
+  }
   enc.set_input_array(x);
   enc.set_input_array(weight);
-  enc.set_output_array(out);
+  for (auto& out : outputs) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    enc.set_output_array(out);
+  }
   const int rows = x.shape(0);
   const int depth = x.shape(1);
   const int columns = weight.shape(0);
@@ -205,7 +239,12 @@ void linear(const mx::array& x_in, const mx::array& weight_in, mx::array& out,
     using T = decltype(tag);
     const T* xs = mx::gpu_ptr<T>(x);
     const T* ws = mx::gpu_ptr<T>(weight);
-    T* ys = mx::gpu_ptr<T>(out);
+    OutputParts<T> ys{};
+    ys.count = static_cast<int>(outputs.size());
+    for (int p = 0; p < ys.count; ++p) {
+      ys.data[p] = mx::gpu_ptr<T>(outputs[p]);
+      ys.start[p + 1] = ys.start[p] + outputs[p].shape(1);
+    }
     if (rows <= 8) {
       launch_linear<T, 1>(enc, xs, ws, ys, rows, columns, depth);
     } else {

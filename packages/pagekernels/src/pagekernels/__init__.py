@@ -11,7 +11,7 @@ Shape letters, used by every docstring of the package (and the C++ sources):
 - P: physical pages; ps: page size (tokens per page).
 
 The ops (`paged_attention`, `write_kv`, `gather_kv`, `dense_attention`,
-`quantized_embedding`, `linear`) are the compiled kernels of `pagekernels.native`;
+`quantized_embedding`, `linear`, `split_linear`) are the compiled kernels of `pagekernels.native`;
 `pagekernels.reference` holds their readable equations and the oracle tolerances
 (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this build carries the
 CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
@@ -33,6 +33,7 @@ from pagekernels.native import (  # noqa: E402
     linear,
     paged_attention,
     quantized_embedding,
+    split_linear,
     with_cuda,
     write_kv,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "linear",
     "paged_attention",
     "quantized_embedding",
+    "split_linear",
     "validate_paged_metadata",
     "with_cuda",
     "write_kv",

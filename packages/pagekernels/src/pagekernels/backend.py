@@ -8,6 +8,7 @@ declaring an entry point in that group whose object implements `KernelBackend`.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Literal, Protocol
 
@@ -25,7 +26,7 @@ ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The six kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The seven kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -102,6 +103,11 @@ class KernelBackend(Protocol):
         in the promoted dtype of x and weight, as `mx.matmul`."""
         ...
 
+    def split_linear(self, x: mx.array, weight: mx.array, widths: Sequence[int]) -> list[mx.array]:
+        """`linear` against weights stacked along N, split along the last axis into parts of
+        `widths` (summing to N) -> one `[..., widths[i]]` array per part."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -109,11 +115,11 @@ class ModuleBackend:
     Args:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
-            `dense_attention`, `quantized_embedding` and `linear` with the protocol's
-            signatures.
+            `dense_attention`, `quantized_embedding`, `linear` and `split_linear` with the
+            protocol's signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the six ops.
+        AttributeError: If `module` lacks one of the seven ops.
     """
 
     __slots__ = (
@@ -124,6 +130,7 @@ class ModuleBackend:
         "name",
         "paged_attention",
         "quantized_embedding",
+        "split_linear",
         "write_kv",
     )
 
@@ -136,6 +143,7 @@ class ModuleBackend:
         self.dense_attention = module.dense_attention
         self.quantized_embedding = module.quantized_embedding
         self.linear = module.linear
+        self.split_linear = module.split_linear
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"

@@ -8,6 +8,7 @@ on the host (`validate_paged_metadata`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Literal
 
 import mlx.core as mx
@@ -22,6 +23,7 @@ __all__ = [
     "linear",
     "paged_attention",
     "quantized_embedding",
+    "split_linear",
     "with_cuda",
     "write_kv",
 ]
@@ -238,6 +240,32 @@ def linear(x: mx.array, weight: mx.array, *, stream: StreamOrDevice = None) -> m
         ValueError: On ranks, non-float dtypes or a K that do not fit together.
     """
     return _ext.linear(x, weight, stream=stream)
+
+
+def split_linear(
+    x: mx.array, weight: mx.array, widths: Sequence[int], *, stream: StreamOrDevice = None
+) -> list[mx.array]:
+    """`x @ weight.T` split along its last axis, for weights stacked along N.
+
+    A layer's projections that read the same input (q, k and v; gate and up) stack their
+    weights into one `[N, K]` matrix; this returns the product's parts of `widths` as separate
+    contiguous arrays, so one kernel streams every weight byte once and no slice or copy
+    follows. Where `linear` takes the kernel, this takes it too; otherwise it is
+    `mx.split(mx.matmul(...))`.
+
+    Args:
+        x: `[..., K]` float32, float16 or bfloat16.
+        weight: `[N, K]` float, the parts' weights stacked along N.
+        widths: 1 to `_ext.linear_max_parts` (4) non-negative widths summing to N.
+        stream: Stream or device to run on.
+
+    Returns:
+        One `[..., widths[i]]` array per part, dtype as `linear`.
+
+    Raises:
+        ValueError: As `linear`, or widths that do not sum to N.
+    """
+    return _ext.split_linear(x, weight, list(widths), stream=stream)
 
 
 #: The `native` entry point of the `pagekernels.backends` group.

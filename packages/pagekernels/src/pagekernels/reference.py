@@ -9,7 +9,9 @@ sync per layer. `TOLERANCE` is how close another implementation must come to the
 
 from __future__ import annotations
 
+import itertools
 import sys
+from collections.abc import Sequence
 from typing import Literal
 
 import mlx.core as mx
@@ -24,6 +26,7 @@ __all__ = [
     "linear",
     "paged_attention",
     "quantized_embedding",
+    "split_linear",
     "write_kv",
 ]
 
@@ -188,6 +191,22 @@ def linear(x: mx.array, weight: mx.array) -> mx.array:
         `[..., N]`, the promoted dtype of x and weight.
     """
     return x @ weight.T
+
+
+def split_linear(x: mx.array, weight: mx.array, widths: Sequence[int]) -> list[mx.array]:
+    """`x @ weight.T` split along the last axis into parts of `widths`; see
+    `pagekernels.native.split_linear`.
+
+    Args:
+        x: `[..., K]` float.
+        weight: `[N, K]` float.
+        widths: Part widths summing to N.
+
+    Returns:
+        One `[..., widths[i]]` array per part.
+    """
+    boundaries = list(itertools.accumulate(widths))[:-1]
+    return mx.split(x @ weight.T, boundaries, axis=-1)
 
 
 #: The `reference` entry point of the `pagekernels.backends` group.
