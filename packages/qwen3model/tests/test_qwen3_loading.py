@@ -23,6 +23,7 @@ from qwen3model import (
     load_model,
     save_pretrained,
 )
+from qwen3model.projection import QuantizedStackedProjection
 
 PROMPT = list(b"The quick brown fox jumps")
 
@@ -47,6 +48,24 @@ def test_round_trip_gives_identical_logits(tiny, prefill, tmp_path: Path) -> Non
     assert loaded_tokenizer.encode("héllo") == tokenizer.encode("héllo")
 
 
+def test_checkpoints_carry_hugging_face_names(tiny, tmp_path: Path) -> None:
+    """Stacked projections are written as their parts (q_proj, k_proj, ...), row blocks of the
+    stacked weight in order, and read back into the stack."""
+    model, tokenizer = tiny
+    save_pretrained(model, tokenizer, tmp_path)
+    written = mx.load(str(tmp_path / "model.safetensors"))
+    attn, mlp = "model.layers.1.self_attn.", "model.layers.1.mlp."
+    names = [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]
+    assert not any("qkv_proj" in name or "gate_up_proj" in name for name in written)
+    stacked = model.model.layers[1].self_attn.qkv_proj.weight
+    assert mx.array_equal(mx.concatenate([written[n] for n in names]), stacked).item()
+    gate_up = model.model.layers[1].mlp.gate_up_proj.weight
+    halves = [written[mlp + "gate_proj.weight"], written[mlp + "up_proj.weight"]]
+    assert mx.array_equal(mx.concatenate(halves), gate_up).item()
+    loaded, _ = load_model(str(tmp_path))
+    assert_same_parameters(model, loaded)
+
+
 def test_sharded_index_round_trip(tiny, prefill, tmp_path: Path) -> None:
     model, tokenizer = tiny
     written = save_pretrained(model, tokenizer, tmp_path, max_shard_bytes=40_000)
@@ -55,7 +74,7 @@ def test_sharded_index_round_trip(tiny, prefill, tmp_path: Path) -> None:
     assert shards[0].name == f"model-00001-of-{len(shards):05d}.safetensors"
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {p.name for p in shards}
-    assert set(index["weight_map"]) == {name for name, _ in tree_flatten(model.parameters())}
+    assert set(index["weight_map"]) == set(model.checkpoint_weights())
     loaded, _ = load_model(str(tmp_path))
     assert mx.array_equal(prefill(model, PROMPT), prefill(loaded, PROMPT)).item()
 
@@ -87,8 +106,9 @@ def test_4bit_round_trip_in_mlx_quantized_format(tiny, prefill, tmp_path: Path) 
     loaded, _ = load_model(str(tmp_path))
     assert isinstance(loaded.model.embed_tokens, nn.QuantizedEmbedding)
     assert isinstance(loaded.model.layers[1].mlp.down_proj, nn.QuantizedLinear)
-    weight = loaded.model.layers[0].self_attn.q_proj.weight
-    assert weight.dtype == mx.uint32
+    qkv = loaded.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, QuantizedStackedProjection) and qkv.weight.dtype == mx.uint32
+    assert list(qkv.parts) == ["q_proj", "k_proj", "v_proj"]
     assert_same_parameters(model, loaded)
     assert mx.array_equal(quantized_logits, prefill(loaded, PROMPT)).item()
     # 4 bits change the logits, but not beyond recognition.

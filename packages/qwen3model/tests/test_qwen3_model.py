@@ -25,7 +25,7 @@ PROMPT = list(b"Paged attention reads K/V through a block table.")
 def numpy_qwen3_logits(model: Qwen3Model, tokens: list[int]) -> np.ndarray:
     """Hugging Face's Qwen3 forward written out in float64 numpy; logits `[L, vocab]`."""
     args: ModelArgs = model.args
-    w = {name: np.array(a, dtype=np.float64) for name, a in tree_flatten(model.parameters())}
+    w = {name: np.array(a, dtype=np.float64) for name, a in model.checkpoint_weights().items()}
     eps, D = args.rms_norm_eps, args.head_dim
     Hq, Hkv, L = args.num_attention_heads, args.num_key_value_heads, len(tokens)
 
@@ -85,7 +85,7 @@ def test_synthetic_weights_are_seeded(backend) -> None:
     b, _ = build_synthetic("qwen3-tiny", backend=backend, seed=1)
     c, _ = build_synthetic("qwen3-tiny", backend=backend, seed=2)
     name = "model.layers.1.mlp.up_proj.weight"
-    weights = [dict(tree_flatten(m.parameters()))[name] for m in (a, b, c)]
+    weights = [m.checkpoint_weights()[name] for m in (a, b, c)]
     assert mx.array_equal(weights[0], weights[1]).item()
     assert not mx.array_equal(weights[0], weights[2]).item()
     assert float(weights[0].std()) == pytest.approx(64**-0.5, rel=0.1)
@@ -196,7 +196,7 @@ def _prompt_then_decode(model: Qwen3Model, *, compiled: bool) -> mx.array:
 def test_compiled_decode_uses_the_current_weights(backend) -> None:
     model, _ = build_synthetic("qwen3-tiny", backend=backend)
     before = _prompt_then_decode(model, compiled=True)  # traces the decode step
-    name = "model.layers.0.mlp.up_proj.weight"
+    name = "model.layers.0.mlp.gate_up_proj.weight"
     weight = dict(tree_flatten(model.parameters()))[name]
     model.load_weights([(name, -weight)], strict=False)
     compiled = _prompt_then_decode(model, compiled=True)
@@ -227,12 +227,14 @@ def test_vocab_size_is_the_configs(backend) -> None:
 
 
 class _CountingBackend:
-    """A kernel backend that counts `linear` calls and delegates everything to `inner`."""
+    """A kernel backend that counts `linear` and `split_linear` calls and delegates everything
+    to `inner`."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.name = "counting"
         self.linear_calls = 0
+        self.split_linear_calls = 0
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -241,8 +243,12 @@ class _CountingBackend:
         self.linear_calls += 1
         return self.inner.linear(x, weight)
 
+    def split_linear(self, x: mx.array, weight: mx.array, widths) -> list[mx.array]:
+        self.split_linear_calls += 1
+        return self.inner.split_linear(x, weight, widths)
 
-def test_every_projection_and_the_lm_head_go_through_backend_linear() -> None:
+
+def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
     counting = _CountingBackend(get_backend("reference"))
     model, _ = build_synthetic("qwen3-tiny", backend=counting)
     pool = PagePool(4, 8)
@@ -250,5 +256,6 @@ def test_every_projection_and_the_lm_head_go_through_backend_linear() -> None:
     row = PageList(pool)
     row.append(3)
     mx.eval(model.step(mx.array([PROMPT[:3]]), BatchMetadata.build([row], query_len=3), kv))
-    # q, k, v, o, gate, up, down per layer, then the LM head (tied or not).
-    assert counting.linear_calls == 7 * model.args.num_hidden_layers + 1
+    # o and down per layer, then the LM head (tied or not); q/k/v and gate/up stacked.
+    assert counting.linear_calls == 2 * model.args.num_hidden_layers + 1
+    assert counting.split_linear_calls == 2 * model.args.num_hidden_layers

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from qwen3model.config import ModelArgs
-from qwen3model.projection import Projection
+from qwen3model.projection import Projection, StackedProjection
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -105,9 +105,16 @@ class Attention(nn.Module):
         self.head_dim = args.head_dim
         self.rope_theta = args.rope_theta
         hidden, D = args.hidden_size, args.head_dim
-        self.q_proj = Projection(hidden, self.n_heads * D, backend)
-        self.k_proj = Projection(hidden, self.n_kv_heads * D, backend)
-        self.v_proj = Projection(hidden, self.n_kv_heads * D, backend)
+        # q_proj, k_proj and v_proj of the checkpoint, stacked: one product per step.
+        self.qkv_proj = StackedProjection(
+            hidden,
+            {
+                "q_proj": self.n_heads * D,
+                "k_proj": self.n_kv_heads * D,
+                "v_proj": self.n_kv_heads * D,
+            },
+            backend,
+        )
         self.o_proj = Projection(self.n_heads * D, hidden, backend)
         self.q_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
         self.k_norm = nn.RMSNorm(D, eps=args.rms_norm_eps)
@@ -120,9 +127,10 @@ class Attention(nn.Module):
         """
         B, L, _ = x.shape
         D = self.head_dim
-        queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, D))
-        keys = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, D))
-        values = self.v_proj(x).reshape(B, L, self.n_kv_heads, D).transpose(0, 2, 1, 3)
+        queries, keys, values = self.qkv_proj(x)
+        queries = self.q_norm(queries.reshape(B, L, self.n_heads, D))
+        keys = self.k_norm(keys.reshape(B, L, self.n_kv_heads, D))
+        values = values.reshape(B, L, self.n_kv_heads, D).transpose(0, 2, 1, 3)
         queries = self._rope(queries.transpose(0, 2, 1, 3), offsets)
         keys = self._rope(keys.transpose(0, 2, 1, 3), offsets)
         output = attention(self.layer_index, queries, keys, values)

@@ -10,7 +10,7 @@ import mlx.nn as nn
 
 from qwen3model.attention import Attention, StepAttention
 from qwen3model.config import ModelArgs
-from qwen3model.projection import Projection
+from qwen3model.projection import Projection, StackedProjection
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -23,13 +23,16 @@ class MLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, backend: KernelBackend) -> None:
         super().__init__()
-        self.gate_proj = Projection(hidden_size, intermediate_size, backend)
-        self.up_proj = Projection(hidden_size, intermediate_size, backend)
+        # gate_proj and up_proj of the checkpoint, stacked: one product per step.
+        self.gate_up_proj = StackedProjection(
+            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, backend
+        )
         self.down_proj = Projection(intermediate_size, hidden_size, backend)
 
     def __call__(self, x: mx.array) -> mx.array:
         """Maps `[..., hidden]` to `[..., hidden]` in the weights' dtype."""
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x)
+        return self.down_proj(nn.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):

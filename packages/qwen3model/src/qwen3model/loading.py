@@ -12,7 +12,6 @@ import huggingface_hub
 import mlx.core as mx
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
-from mlx.utils import tree_flatten
 
 from pagekernels import KernelBackend, get_backend
 from qwen3model.attention import AttentionMode
@@ -90,7 +89,7 @@ def load_model(
         raise ModelNotFoundError(f"no config.json in {directory} (expected a Hugging Face model)")
     args = ModelArgs.from_dict(json.loads(config_path.read_text()))
     model = Qwen3Model(args, backend=backend, attention_mode=mode, max_seq_len=max_seq_len)
-    weights = Qwen3Model.sanitize(read_safetensors(directory), args)
+    weights = model.sanitize(read_safetensors(directory))
     apply_weights(model, weights, quantization=args.quantization, dtype=dtype)
     return model, Tokenizer.from_directory(directory)
 
@@ -142,7 +141,7 @@ def save_pretrained(
     config["torch_dtype"] = next(name for name, dt in DTYPES.items() if dt == model.dtype)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     written = write_safetensors(
-        dict(tree_flatten(model.parameters())), directory, max_shard_bytes=max_shard_bytes
+        model.checkpoint_weights(), directory, max_shard_bytes=max_shard_bytes
     )
     tokenizer.save(directory)
     return written

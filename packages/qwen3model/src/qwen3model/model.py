@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from pagepool import BatchMetadata, KVStorage, PagePool
 from qwen3model.attention import AttentionMode, StepAttention
@@ -16,7 +17,7 @@ from qwen3model.config import ModelArgs, QuantizationArgs
 from qwen3model.dense_baseline import DenseKVStore, DenseStepAttention
 from qwen3model.layers import Qwen3Backbone
 from qwen3model.paged import GatherStepAttention, PagedStepAttention
-from qwen3model.projection import Projection
+from qwen3model.projection import Projection, stack_checkpoint, unstack_checkpoint
 
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
@@ -27,8 +28,9 @@ __all__ = ["Qwen3Model"]
 class Qwen3Model(nn.Module):
     """Qwen3 for causal generation; implements `pageruntime.StepModel`.
 
-    Parameters carry Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), so
-    checkpoints load after a tiny `sanitize`.
+    Parameters carry Hugging Face names, except that a layer's q/k/v projections are stacked
+    into `self_attn.qkv_proj` and its gate/up projections into `mlp.gate_up_proj`; `sanitize`
+    maps a checkpoint onto the model and `checkpoint_weights` maps back.
 
     Args:
         args: The network's shape.
@@ -165,15 +167,21 @@ class Qwen3Model(nn.Module):
         # Traces of the float network are dead now; drop them (and MLX's graphs with them).
         self._compiled_decode.reset()
 
-    @staticmethod
-    def sanitize(weights: Mapping[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
-        """Drops checkpoint entries the model does not hold (a tied `lm_head`, RoPE tables)."""
-        return {
+    def sanitize(self, weights: Mapping[str, mx.array]) -> dict[str, mx.array]:
+        """Checkpoint weights under this model's parameter names: drops entries the model does
+        not hold (a tied `lm_head`, RoPE tables) and stacks q/k/v and gate/up parts."""
+        kept = {
             name: array
             for name, array in weights.items()
             if "rotary_emb.inv_freq" not in name
-            and not (args.tie_word_embeddings and name.startswith("lm_head."))
+            and not (self.args.tie_word_embeddings and name.startswith("lm_head."))
         }
+        return stack_checkpoint(kept, self)
+
+    def checkpoint_weights(self) -> dict[str, mx.array]:
+        """The parameters under Hugging Face checkpoint names (stacked projections split into
+        `q_proj`, `k_proj`, ...), as `save_pretrained` writes them."""
+        return unstack_checkpoint(dict(tree_flatten(self.parameters())), self)
 
 
 def _check_page_storage(mode: AttentionMode, kv: KVStorage) -> None:
