@@ -103,6 +103,14 @@ NB_MODULE(_ext, m) {
         "x [..., K] @ weight [N, K]^T split along N into parts of `widths` (summing to N, at "
         "most 4): one contiguous [..., N_i] array each, the weights streamed once. use_kernel "
         "as for linear.");
+  m.def("add_rms_norm", &pagekernels::add_rms_norm, "residual"_a, "update"_a, "weight"_a,
+        nb::kw_only(), "eps"_a, "stream"_a = nb::none(),
+        nb::sig("def add_rms_norm(residual: mlx.core.array, update: mlx.core.array, "
+                "weight: mlx.core.array, *, eps: float, "
+                "stream: mlx.core.Stream | mlx.core.Device | None = None) "
+                "-> tuple[mlx.core.array, mlx.core.array]"),
+        "(residual + update, rms_norm(residual + update) * weight) over the last axis, one "
+        "kernel: residual/update [..., H], weight [H], one float dtype.");
   m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
   m.attr("linear_max_parts") = pagekernels::kLinearMaxParts;
 }

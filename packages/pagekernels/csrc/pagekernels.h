@@ -80,4 +80,13 @@ std::vector<mx::array> split_linear(const mx::array& x, const mx::array& weight,
                                     std::optional<bool> use_kernel = std::nullopt,
                                     mx::StreamOrDevice s = {});
 
+// The residual stream of a pre-norm transformer: (sum, normed) with sum = residual + update
+// rounded to the inputs' dtype and normed = sum * rsqrt(mean(sum^2) + eps) * weight over the
+// last axis (fp32 math on the rounded sum, so normed equals mx.fast.rms_norm(sum, weight, eps)
+// up to rounding). residual/update [..., H] of one float dtype, weight [H] of the same dtype.
+// One kernel for what is otherwise an add and an RMSNorm.
+std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx::array& update,
+                                             const mx::array& weight, float eps,
+                                             mx::StreamOrDevice s = {});
+
 }  // namespace pagekernels

@@ -113,4 +113,22 @@ class Linear : public mx::Primitive {
   const std::vector<int> widths_;
 };
 
+// inputs: residual [rows, H], update [rows, H] (any strides), weight [H], one float dtype
+// -> (residual + update, rms_norm(residual + update) * weight), each [rows, H] row-major.
+class AddRMSNorm : public mx::Primitive {
+ public:
+  AddRMSNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "AddRMSNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const AddRMSNorm&>(other).eps_;
+  }
+  std::tuple<float> state() const { return {eps_}; }
+
+ private:
+  const float eps_;
+};
+
 }  // namespace pagekernels

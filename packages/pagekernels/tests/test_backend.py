@@ -21,6 +21,7 @@ OPS = [
     "quantized_embedding",
     "linear",
     "split_linear",
+    "add_rms_norm",
 ]
 
 
@@ -75,7 +76,7 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
             from pagekernels import ModuleBackend
             from pagekernels.reference import (
                 dense_attention, gather_kv, linear, paged_attention, quantized_embedding,
-                split_linear, write_kv,
+                split_linear, write_kv, add_rms_norm,
             )
 
             backend = ModuleBackend("third", sys.modules[__name__])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -227,25 +229,21 @@ def test_vocab_size_is_the_configs(backend) -> None:
 
 
 class _CountingBackend:
-    """A kernel backend that counts `linear` and `split_linear` calls and delegates everything
-    to `inner`."""
+    """A kernel backend that counts calls per op and delegates everything to `inner`."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.name = "counting"
-        self.linear_calls = 0
-        self.split_linear_calls = 0
+        self.calls: collections.Counter[str] = collections.Counter()
 
     def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+        op = getattr(self.inner, name)
 
-    def linear(self, x: mx.array, weight: mx.array) -> mx.array:
-        self.linear_calls += 1
-        return self.inner.linear(x, weight)
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return op(*args, **kwargs)
 
-    def split_linear(self, x: mx.array, weight: mx.array, widths) -> list[mx.array]:
-        self.split_linear_calls += 1
-        return self.inner.split_linear(x, weight, widths)
+        return counted
 
 
 def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
@@ -256,6 +254,9 @@ def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
     row = PageList(pool)
     row.append(3)
     mx.eval(model.step(mx.array([PROMPT[:3]]), BatchMetadata.build([row], query_len=3), kv))
+    layers = model.args.num_hidden_layers
     # o and down per layer, then the LM head (tied or not); q/k/v and gate/up stacked.
-    assert counting.linear_calls == 2 * model.args.num_hidden_layers + 1
-    assert counting.split_linear_calls == 2 * model.args.num_hidden_layers
+    assert counting.calls["linear"] == 2 * layers + 1
+    assert counting.calls["split_linear"] == 2 * layers
+    # Every residual add with the norm after it: two per block, the last one the final norm.
+    assert counting.calls["add_rms_norm"] == 2 * layers

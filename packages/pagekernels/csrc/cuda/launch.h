@@ -49,4 +49,8 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
 void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
             const mx::Stream& s);
 
+// residual/update [rows, H] (any strides), weight [H]; sum and normed [rows, H] row-major.
+void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::array& weight,
+                  mx::array& sum, mx::array& normed, float eps, const mx::Stream& s);
+
 }  // namespace pagekernels::cuda

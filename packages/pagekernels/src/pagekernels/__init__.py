@@ -11,10 +11,10 @@ Shape letters, used by every docstring of the package (and the C++ sources):
 - P: physical pages; ps: page size (tokens per page).
 
 The ops (`paged_attention`, `write_kv`, `gather_kv`, `dense_attention`,
-`quantized_embedding`, `linear`, `split_linear`) are the compiled kernels of `pagekernels.native`;
-`pagekernels.reference` holds their readable equations and the oracle tolerances
-(`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this build carries the
-CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
+`quantized_embedding`, `linear`, `split_linear`, `add_rms_norm`) are the compiled kernels of
+`pagekernels.native`; `pagekernels.reference` holds their readable equations and the oracle
+tolerances (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this build
+carries the CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -28,6 +28,7 @@ from pagekernels.backend import (  # noqa: E402
     get_backend,
 )
 from pagekernels.native import (  # noqa: E402
+    add_rms_norm,
     dense_attention,
     gather_kv,
     linear,
@@ -48,6 +49,7 @@ __all__ = [
     "KernelBackend",
     "ModuleBackend",
     "__version__",
+    "add_rms_norm",
     "available_backends",
     "dense_attention",
     "gather_kv",

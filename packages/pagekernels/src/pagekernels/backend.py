@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The seven kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The eight kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -108,6 +108,13 @@ class KernelBackend(Protocol):
         `widths` (summing to N) -> one `[..., widths[i]]` array per part."""
         ...
 
+    def add_rms_norm(
+        self, residual: mx.array, update: mx.array, weight: mx.array, *, eps: float
+    ) -> tuple[mx.array, mx.array]:
+        """residual/update `[..., H]`, weight `[H]` -> `(residual + update, its RMSNorm *
+        weight)`, each `[..., H]`."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -115,14 +122,15 @@ class ModuleBackend:
     Args:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
-            `dense_attention`, `quantized_embedding`, `linear` and `split_linear` with the
-            protocol's signatures.
+            `dense_attention`, `quantized_embedding`, `linear`, `split_linear` and
+            `add_rms_norm` with the protocol's signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the seven ops.
+        AttributeError: If `module` lacks one of the eight ops.
     """
 
     __slots__ = (
+        "add_rms_norm",
         "dense_attention",
         "gather_kv",
         "linear",
@@ -144,6 +152,7 @@ class ModuleBackend:
         self.quantized_embedding = module.quantized_embedding
         self.linear = module.linear
         self.split_linear = module.split_linear
+        self.add_rms_norm = module.add_rms_norm
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"

@@ -17,6 +17,7 @@ from pagekernels import _ext
 from pagekernels.backend import ModuleBackend
 
 __all__ = [
+    "add_rms_norm",
     "backend",
     "dense_attention",
     "gather_kv",
@@ -266,6 +267,36 @@ def split_linear(
         ValueError: As `linear`, or widths that do not sum to N.
     """
     return _ext.split_linear(x, weight, list(widths), stream=stream)
+
+
+def add_rms_norm(
+    residual: mx.array,
+    update: mx.array,
+    weight: mx.array,
+    *,
+    eps: float,
+    stream: StreamOrDevice = None,
+) -> tuple[mx.array, mx.array]:
+    """A pre-norm block's residual step: `sum = residual + update` and its RMSNorm, one kernel.
+
+    `normed = sum * rsqrt(mean(sum ** 2) + eps) * weight` over the last axis, computed in
+    float32 from `sum` rounded to the dtype, so it equals `mx.fast.rms_norm(sum, weight, eps)`
+    up to rounding. MLX would run the add and the norm as two kernels.
+
+    Args:
+        residual: `[..., H]` float32, float16 or bfloat16 (the residual stream).
+        update: `[..., H]`, residual's dtype (a block's attention or MLP output).
+        weight: `[H]`, residual's dtype.
+        eps: Positive, finite.
+        stream: Stream or device to run on.
+
+    Returns:
+        `(sum, normed)`, each `[..., H]` in residual's dtype.
+
+    Raises:
+        ValueError: On shapes or dtypes that do not fit together, or a bad eps.
+    """
+    return _ext.add_rms_norm(residual, update, weight, eps=eps, stream=stream)
 
 
 #: The `native` entry point of the `pagekernels.backends` group.

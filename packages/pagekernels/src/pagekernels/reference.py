@@ -20,6 +20,7 @@ from pagekernels.backend import ModuleBackend
 
 __all__ = [
     "TOLERANCE",
+    "add_rms_norm",
     "backend",
     "dense_attention",
     "gather_kv",
@@ -207,6 +208,25 @@ def split_linear(x: mx.array, weight: mx.array, widths: Sequence[int]) -> list[m
     """
     boundaries = list(itertools.accumulate(widths))[:-1]
     return mx.split(x @ weight.T, boundaries, axis=-1)
+
+
+def add_rms_norm(
+    residual: mx.array, update: mx.array, weight: mx.array, *, eps: float
+) -> tuple[mx.array, mx.array]:
+    """`(residual + update, mx.fast.rms_norm(residual + update, weight, eps))`; see
+    `pagekernels.native.add_rms_norm`.
+
+    Args:
+        residual: `[..., H]` float.
+        update: `[..., H]`, residual's dtype.
+        weight: `[H]`, residual's dtype.
+        eps: Positive.
+
+    Returns:
+        `(sum, normed)`, each `[..., H]`.
+    """
+    total = residual + update
+    return total, mx.fast.rms_norm(total, weight, eps)
 
 
 #: The `reference` entry point of the `pagekernels.backends` group.

@@ -36,20 +36,45 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: `x + attn(norm(x))`, then `h + mlp(norm(h))`."""
+    """Pre-norm block: `h = x + attn(norm(x))`, then `h + mlp(norm(h))`.
+
+    Each residual add runs fused with the norm that follows it (`backend.add_rms_norm`), so
+    the MLP's output is added by the next block (or the final norm): a block takes the residual
+    stream and the previous block's pending MLP output, and returns its own pair.
+    """
 
     def __init__(self, args: ModelArgs, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
+        self.backend = backend
         self.self_attn = Attention(args, layer_index, backend)
         self.mlp = MLP(args.hidden_size, args.intermediate_size, backend)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, offsets: mx.array, attention: StepAttention) -> mx.array:
-        """Runs the block on `x` `[B, L, hidden]`; `offsets` int32 `[B]` is each row's first
-        position; `attention` stores and attends K/V for this step. Returns `[B, L, hidden]`."""
-        h = x + self.self_attn(self.input_layernorm(x), offsets, attention)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __call__(
+        self, x: mx.array, pending: mx.array | None, offsets: mx.array, attention: StepAttention
+    ) -> tuple[mx.array, mx.array]:
+        """Runs the block on the residual stream `x` `[B, L, hidden]` plus `pending` (the
+        previous block's MLP output, None for the first block); `offsets` int32 `[B]` is each
+        row's first position; `attention` stores and attends K/V for this step.
+
+        Returns:
+            `(h, mlp_output)`, each `[B, L, hidden]`: the stream after attention and this
+            block's MLP output, which the caller adds.
+        """
+        x, normed = _add_norm(self.backend, x, pending, self.input_layernorm)
+        attended = self.self_attn(normed, offsets, attention)
+        h, normed = _add_norm(self.backend, x, attended, self.post_attention_layernorm)
+        return h, self.mlp(normed)
+
+
+def _add_norm(
+    backend: KernelBackend, x: mx.array, pending: mx.array | None, norm: nn.RMSNorm
+) -> tuple[mx.array, mx.array]:
+    """`(x + pending, norm(x + pending))` in one kernel; `(x, norm(x))` when nothing is pending."""
+    if pending is None:
+        return x, norm(x)
+    return backend.add_rms_norm(x, pending, norm.weight, eps=norm.eps)
 
 
 class Qwen3Backbone(nn.Module):
@@ -85,7 +110,8 @@ class Qwen3Backbone(nn.Module):
     def __call__(self, tokens: mx.array, offsets: mx.array, attention: StepAttention) -> mx.array:
         """Runs every block on int32 `tokens` `[B, L]`; returns normed hidden states
         `[B, hidden]` of each row's last position."""
-        h = self.embed(tokens)
+        h, pending = self.embed(tokens), None
         for layer in self.layers:
-            h = layer(h, offsets, attention)
-        return self.norm(h[:, -1, :])
+            h, pending = layer(h, pending, offsets, attention)
+        last = None if pending is None else pending[:, -1, :]
+        return _add_norm(self.backend, h[:, -1, :], last, self.norm)[1]

@@ -1,0 +1,52 @@
+// add_rms_norm: op function (boundary checks) and AddRMSNorm::eval_gpu.
+#include <cmath>
+
+#include "ops/checks.h"
+#include "ops/gpu.h"
+#include "pagekernels.h"
+#include "primitives.h"
+
+namespace pagekernels {
+
+namespace {
+constexpr std::string_view kOp = "add_rms_norm";
+}  // namespace
+
+std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx::array& update,
+                                             const mx::array& weight, float eps,
+                                             mx::StreamOrDevice s) {
+  check(residual.ndim() >= 1, kOp, [&] {
+    return std::string("residual must have rank >= 1 [..., H], got a scalar");
+  });
+  check_same_shape(kOp, residual, "residual", update, "update");
+  check_rank(kOp, weight, "weight", 1, "[H]");
+  check_float_dtype(kOp, residual, "residual");
+  check_same_dtype(kOp, residual, "residual", update, "update");
+  check_same_dtype(kOp, residual, "residual", weight, "weight");
+  check_dim(kOp, residual, residual.ndim() - 1, "residual", weight, 0, "weight");
+  check(std::isfinite(eps) && eps > 0.0f, kOp, [&] {
+    return "eps must be a finite positive number, got " + std::to_string(eps);
+  });
+  auto stream = mx::to_stream(s);
+  // Rows of H: a reshape, which copies only what cannot be viewed as [rows, H] (the kernels
+  // take any row and column strides).
+  const int H = residual.shape(-1);
+  auto rows_of = [&](const mx::array& a) { return mx::reshape(a, {-1, H}, stream); };
+  auto outputs = mx::array::make_arrays(
+      {{residual.size() / std::max(H, 1), H}, {residual.size() / std::max(H, 1), H}},
+      {residual.dtype(), residual.dtype()}, std::make_shared<AddRMSNorm>(stream, eps),
+      {rows_of(residual), rows_of(update), weight});
+  return {mx::reshape(outputs[0], residual.shape(), stream),
+          mx::reshape(outputs[1], residual.shape(), stream)};
+}
+
+void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  if (all_outputs_empty(outputs)) return;
+#ifdef PAGEKERNELS_WITH_CUDA
+  cuda::add_rms_norm(inputs[0], inputs[1], inputs[2], outputs[0], outputs[1], eps_, stream());
+#else
+  throw_no_gpu_kernels(kOp);
+#endif
+}
+
+}  // namespace pagekernels

@@ -1,0 +1,93 @@
+"""`add_rms_norm` (a pre-norm block's residual add and RMSNorm in one kernel): both outputs on
+every device against the reference equation, strided inputs, `mx.compile`, and bad arguments
+rejected at the boundary."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import pagekernels
+from pagekernels import reference
+
+EPS = 1e-6
+
+
+def _inputs(shape: tuple[int, ...], dtype: mx.Dtype, seed: int = 0):
+    """residual, update `[*shape]` and weight `[shape[-1]]`, fresh normal values."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*dims: int) -> mx.array:
+        return mx.array(rng.standard_normal(dims).astype(np.float32)).astype(dtype)
+
+    return normal(*shape), normal(*shape), 1.0 + 0.1 * normal(shape[-1])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 1, 2560), (2, 17, 192), (64,), (3, 5, 100)],  # decode, prefill, one row, odd H
+    ids=str,
+)
+def test_matches_the_reference(device, poison_allocator, assert_close, dtype, shape):
+    residual, update, weight = _inputs(shape, dtype)
+    mx.eval(residual, update, weight)
+    poison_allocator(shape, dtype)
+    poison_allocator(shape, dtype)
+    total, normed = pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)
+    expected_total, expected_normed = reference.add_rms_norm(residual, update, weight, eps=EPS)
+    assert_close(total, expected_total)
+    assert_close(normed, expected_normed)
+
+
+def test_strided_inputs(device, assert_close):
+    """Views the model passes (the last position of a prefill, a transposed update) are read
+    through their strides."""
+    residual, _, weight = _inputs((3, 7, 128), mx.bfloat16, seed=1)
+    _, update_t, _ = _inputs((3, 128, 7), mx.bfloat16, seed=2)
+    last, update = residual[:, -1, :], update_t.transpose(0, 2, 1)[:, 3, :]
+    mx.eval(residual, update_t, weight)
+    got = pagekernels.add_rms_norm(last, update, weight, eps=EPS, stream=device)
+    expected = reference.add_rms_norm(mx.contiguous(last), mx.contiguous(update), weight, eps=EPS)
+    for actual, wanted in zip(got, expected, strict=True):
+        assert_close(actual, wanted)
+
+
+def test_runs_inside_compile(device, assert_close):
+    def block(residual: mx.array, update: mx.array, weight: mx.array) -> tuple[mx.array, ...]:
+        return pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)
+
+    compiled = mx.compile(block)
+    for seed in (3, 4):  # the second call replays the trace on new values
+        inputs = _inputs((2, 1, 256), mx.float32, seed=seed)
+        for actual, wanted in zip(
+            compiled(*inputs), reference.add_rms_norm(*inputs, eps=EPS), strict=True
+        ):
+            assert_close(actual, wanted)
+
+
+def _valid_args() -> dict:
+    residual, update, weight = _inputs((2, 64), mx.bfloat16)
+    return {"residual": residual, "update": update, "weight": weight, "eps": EPS}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"residual": mx.array(1.0, dtype=mx.bfloat16)}, r"residual must have rank >= 1"),
+        ({"update": mx.zeros((2, 32), dtype=mx.bfloat16)}, r"update must have the shape of"),
+        ({"weight": mx.zeros((2, 64), dtype=mx.bfloat16)}, r"weight must have rank 1 \[H\]"),
+        ({"weight": mx.zeros((32,), dtype=mx.bfloat16)}, r"weight.shape\[0\]=32"),
+        (
+            {"update": mx.zeros((2, 64), dtype=mx.float32)},
+            r"update must have the dtype of residual \(bfloat16\), got float32",
+        ),
+        ({"residual": mx.zeros((2, 64), dtype=mx.int32)}, r"residual must be float32, float16"),
+        ({"eps": 0.0}, r"eps must be a finite positive number, got 0"),
+        ({"eps": float("nan")}, r"eps must be a finite positive number"),
+    ],
+    ids=["scalar", "shapes", "weight-rank", "width", "dtypes", "int", "eps-zero", "eps-nan"],
+)
+def test_bad_arguments_are_rejected(assert_rejected, change, match):
+    assert_rejected("add_rms_norm", {**_valid_args(), **change}, match)
