@@ -20,6 +20,7 @@ OPS = [
     "dense_attention",
     "quantized_embedding",
     "linear",
+    "norm_rope",
 ]
 
 
@@ -73,8 +74,8 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
 
             from pagekernels import ModuleBackend
             from pagekernels.reference import (
-                dense_attention, gather_kv, linear, paged_attention, quantized_embedding,
-                write_kv,
+                dense_attention, gather_kv, linear, norm_rope, paged_attention,
+                quantized_embedding, write_kv,
             )
 
             backend = ModuleBackend("third", sys.modules[__name__])

@@ -45,4 +45,9 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
 // unaligned views are copied first); out [M, N] = x @ weight^T.
 void linear(const mx::array& x, const mx::array& weight, mx::array& out, const mx::Stream& s);
 
+// x [B,L,H,D] (any strides; D in {64, 128, 192, 256}); weight [D] (x's dtype); offsets int32 [B];
+// inv_freqs: the D/2 rotation frequencies (NormRope::inv_frequencies); out [B,H,L,D].
+void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
+               mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s);
+
 }  // namespace pagekernels::cuda

@@ -11,7 +11,7 @@ Shape letters, used by every docstring of the package (and the C++ sources):
 - P: physical pages; ps: page size (tokens per page).
 
 The ops (`paged_attention`, `write_kv`, `gather_kv`, `dense_attention`,
-`quantized_embedding`, `linear`) are the compiled kernels of `pagekernels.native`;
+`quantized_embedding`, `linear`, `norm_rope`) are the compiled kernels of `pagekernels.native`;
 `pagekernels.reference` holds their readable equations and the oracle tolerances
 (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this build carries the
 CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
@@ -31,6 +31,7 @@ from pagekernels.native import (  # noqa: E402
     dense_attention,
     gather_kv,
     linear,
+    norm_rope,
     paged_attention,
     quantized_embedding,
     with_cuda,
@@ -52,6 +53,7 @@ __all__ = [
     "gather_kv",
     "get_backend",
     "linear",
+    "norm_rope",
     "paged_attention",
     "quantized_embedding",
     "validate_paged_metadata",

@@ -25,7 +25,7 @@ ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The six kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The seven kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -102,6 +102,13 @@ class KernelBackend(Protocol):
         in the promoted dtype of x and weight, as `mx.matmul`."""
         ...
 
+    def norm_rope(
+        self, x: mx.array, weight: mx.array, offsets: mx.array, *, eps: float, base: float
+    ) -> mx.array:
+        """x `[B, L, H, D]`, weight `[D]`, offsets int32 `[B]` -> RMSNorm(x) * weight rotated by
+        non-traditional RoPE at positions `offsets[b] + l`, `[B, H, L, D]` in x's dtype."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -109,11 +116,11 @@ class ModuleBackend:
     Args:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
-            `dense_attention`, `quantized_embedding` and `linear` with the protocol's
-            signatures.
+            `dense_attention`, `quantized_embedding`, `linear` and `norm_rope` with the
+            protocol's signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the six ops.
+        AttributeError: If `module` lacks one of the seven ops.
     """
 
     __slots__ = (
@@ -122,6 +129,7 @@ class ModuleBackend:
         "linear",
         "module",
         "name",
+        "norm_rope",
         "paged_attention",
         "quantized_embedding",
         "write_kv",
@@ -136,6 +144,7 @@ class ModuleBackend:
         self.dense_attention = module.dense_attention
         self.quantized_embedding = module.quantized_embedding
         self.linear = module.linear
+        self.norm_rope = module.norm_rope
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"
