@@ -113,4 +113,13 @@ NB_MODULE(_ext, m) {
         "kernel: residual/update [..., H], weight [H], one float dtype.");
   m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
   m.attr("linear_max_parts") = pagekernels::kLinearMaxParts;
+
+  m.def("norm_rope", &pagekernels::norm_rope, "x"_a, "weight"_a, "offsets"_a, nb::kw_only(),
+        "eps"_a, "base"_a, "stream"_a = nb::none(),
+        nb::sig("def norm_rope(x: mlx.core.array, weight: mlx.core.array, "
+                "offsets: mlx.core.array, *, eps: float, base: float, "
+                "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
+        "RMSNorm (times weight [D]) then non-traditional RoPE of each [D] row of x [B,L,H,D], "
+        "at positions offsets[b] + l (int32 [B]), frequencies base^(-2i/D). Returns "
+        "[B,H,L,D] in x's dtype. GPU: D % 64 == 0 up to 256; CPU: any even D.");
 }

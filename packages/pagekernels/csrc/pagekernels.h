@@ -1,4 +1,4 @@
-// The six pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
+// The nine pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
 //
 // Shape letters (B, Hq, Hkv, L, S, D, P, ps, T) as defined in the pagekernels package docstring
 // (src/pagekernels/__init__.py) and the README.
@@ -88,5 +88,12 @@ std::vector<mx::array> split_linear(const mx::array& x, const mx::array& weight,
 std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx::array& update,
                                              const mx::array& weight, float eps,
                                              mx::StreamOrDevice s = {});
+// RMSNorm of each [D] row of x [B,L,H,D] (fp32 sum of squares, times weight [D]), then
+// non-traditional RoPE (pairs (i, i + D/2)) at position offsets[b] + l with frequencies
+// base^(-2i/D); returns [B,H,L,D] (row-contiguous) in x's dtype. x may be a strided view.
+// D even (on a GPU stream D % 64 == 0 up to 256: kernels/gpu_limits.h); weight [D] of x's dtype;
+// offsets int32 [B]; eps and base finite and positive.
+mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
+                    float eps, float base, mx::StreamOrDevice s = {});
 
 }  // namespace pagekernels

@@ -1,8 +1,10 @@
 // The MLX primitives behind the ops in pagekernels.h. Inference only: no jvp/vjp/vmap (the base
 // class throws). eval_cpu lives in csrc/cpu/<op>.cpp, the op function and eval_gpu in
-// csrc/ops/<op>.cpp, the CUDA kernels in csrc/cuda/. Inputs arrive row-contiguous and validated.
+// csrc/ops/<op>.cpp, the CUDA kernels in csrc/cuda/. Inputs arrive validated and row-contiguous,
+// except the x of Linear and NormRope, whose kernels read strides.
 #pragma once
 
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -129,6 +131,33 @@ class AddRMSNorm : public mx::Primitive {
 
  private:
   const float eps_;
+};
+
+// inputs: x [B, L, H, D] (any strides), weight [D], offsets int32 [B] -> [B, H, L, D]
+class NormRope : public mx::Primitive {
+ public:
+  NormRope(mx::Stream stream, float eps, float base)
+      : mx::Primitive(stream), eps_(eps), base_(base) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "NormRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return state() == static_cast<const NormRope&>(other).state();
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const auto& x = inputs[0];
+    return {{x.shape(0), x.shape(2), x.shape(1), x.shape(3)}};
+  }
+  std::tuple<float, float> state() const { return {eps_, base_}; }
+
+  // The D/2 rotation frequencies base^(-2i/D), rounded exactly as MLX's CPU rope rounds them
+  // (see ops/norm_rope.cpp); computed once per (D, base).
+  std::span<const float> inv_frequencies(int head_dim) const;
+
+ private:
+  const float eps_;
+  const float base_;
 };
 
 }  // namespace pagekernels

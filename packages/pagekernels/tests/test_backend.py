@@ -22,6 +22,7 @@ OPS = [
     "linear",
     "split_linear",
     "add_rms_norm",
+    "norm_rope",
 ]
 
 
@@ -75,8 +76,8 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
 
             from pagekernels import ModuleBackend
             from pagekernels.reference import (
-                dense_attention, gather_kv, linear, paged_attention, quantized_embedding,
-                split_linear, write_kv, add_rms_norm,
+                add_rms_norm, dense_attention, gather_kv, linear, norm_rope, paged_attention,
+                quantized_embedding, split_linear, write_kv,
             )
 
             backend = ModuleBackend("third", sys.modules[__name__])

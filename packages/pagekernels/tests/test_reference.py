@@ -80,3 +80,24 @@ def test_quantized_embedding_under_compile(assert_close):
         if 0 <= index < 11:
             expected[b, i] = dequantized[index]
     assert_close(out, mx.array(expected))
+
+
+def test_norm_rope_under_compile(assert_close):
+    rng = np.random.default_rng(5)
+    x = mx.array(rng.standard_normal((2, 3, 4, 64)).astype(np.float32))
+    weight = mx.array(rng.uniform(0.5, 1.5, 64).astype(np.float32))
+    offsets = mx.array([7, 90], dtype=mx.int32)  # float32 angles near 90 are good to ~1e-5
+
+    compiled = mx.compile(lambda x, o: reference.norm_rope(x, weight, o, eps=1e-6, base=1e4))
+    out = compiled(x, offsets)
+
+    # The equation in numpy: RMSNorm, then pairs (i, i + 32) rotated by (offset + l) * 1e4^(-i/32).
+    xs = np.array(x, dtype=np.float64)
+    normed = xs / np.sqrt((xs**2).mean(-1, keepdims=True) + 1e-6) * np.array(weight)
+    angles = (np.array(offsets)[:, None] + np.arange(3))[..., None, None] * 1e4 ** (
+        -np.arange(32) / 32
+    )  # [B, L, 1, 32]
+    x1, x2 = normed[..., :32], normed[..., 32:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    expected = np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+    assert_close(out, mx.array(expected.transpose(0, 2, 1, 3).astype(np.float32)), tol=1e-4)

@@ -53,4 +53,9 @@ void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>&
 void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::array& weight,
                   mx::array& sum, mx::array& normed, float eps, const mx::Stream& s);
 
+// x [B,L,H,D] (any strides; D in {64, 128, 192, 256}); weight [D] (x's dtype); offsets int32 [B];
+// inv_freqs: the D/2 rotation frequencies (NormRope::inv_frequencies); out [B,H,L,D].
+void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
+               mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s);
+
 }  // namespace pagekernels::cuda

@@ -1,4 +1,4 @@
-// Shapes the CUDA attention kernels take, the one rule for both sides: the op functions check
+// Shapes the CUDA kernels take, the one rule for both sides: the op functions check
 // them for GPU streams, so a bad head dim fails at the op boundary (ValueError), not at eval
 // time, and the CUDA launchers size their kernels by them. The CPU kernels take any D.
 #pragma once
@@ -10,6 +10,13 @@ constexpr int kGpuMaxHeadDim = 256;
 // 16-byte vector loads of K/V rows: D a multiple of 8 (bf16/f16) up to kGpuMaxHeadDim.
 constexpr bool gpu_supports_head_dim(int head_dim) {
   return head_dim > 0 && head_dim % 8 == 0 && head_dim <= kGpuMaxHeadDim;
+}
+
+// norm_rope: one warp per row, each lane holding D/64 elements of either half of the row.
+constexpr int kNormRopeMaxHeadDim = 256;
+
+constexpr bool gpu_norm_rope_supports_head_dim(int head_dim) {
+  return head_dim > 0 && head_dim % 64 == 0 && head_dim <= kNormRopeMaxHeadDim;
 }
 
 }  // namespace pagekernels

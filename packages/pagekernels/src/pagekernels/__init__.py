@@ -11,10 +11,10 @@ Shape letters, used by every docstring of the package (and the C++ sources):
 - P: physical pages; ps: page size (tokens per page).
 
 The ops (`paged_attention`, `write_kv`, `gather_kv`, `dense_attention`,
-`quantized_embedding`, `linear`, `split_linear`, `add_rms_norm`) are the compiled kernels of
-`pagekernels.native`; `pagekernels.reference` holds their readable equations and the oracle
-tolerances (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this build
-carries the CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
+`quantized_embedding`, `linear`, `split_linear`, `add_rms_norm`, `norm_rope`) are the compiled
+kernels of `pagekernels.native`; `pagekernels.reference` holds their readable equations and the
+oracle tolerances (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this
+build carries the CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +32,7 @@ from pagekernels.native import (  # noqa: E402
     dense_attention,
     gather_kv,
     linear,
+    norm_rope,
     paged_attention,
     quantized_embedding,
     split_linear,
@@ -55,6 +56,7 @@ __all__ = [
     "gather_kv",
     "get_backend",
     "linear",
+    "norm_rope",
     "paged_attention",
     "quantized_embedding",
     "split_linear",

@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
 class KernelBackend(Protocol):
-    """The eight kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The nine kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -115,6 +115,13 @@ class KernelBackend(Protocol):
         weight)`, each `[..., H]`."""
         ...
 
+    def norm_rope(
+        self, x: mx.array, weight: mx.array, offsets: mx.array, *, eps: float, base: float
+    ) -> mx.array:
+        """x `[B, L, H, D]`, weight `[D]`, offsets int32 `[B]` -> RMSNorm(x) * weight rotated by
+        non-traditional RoPE at positions `offsets[b] + l`, `[B, H, L, D]` in x's dtype."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -126,7 +133,7 @@ class ModuleBackend:
             `add_rms_norm` with the protocol's signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the eight ops.
+        AttributeError: If `module` lacks one of the nine ops.
     """
 
     __slots__ = (
@@ -136,6 +143,7 @@ class ModuleBackend:
         "linear",
         "module",
         "name",
+        "norm_rope",
         "paged_attention",
         "quantized_embedding",
         "split_linear",
@@ -153,6 +161,7 @@ class ModuleBackend:
         self.linear = module.linear
         self.split_linear = module.split_linear
         self.add_rms_norm = module.add_rms_norm
+        self.norm_rope = module.norm_rope
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"

@@ -22,6 +22,7 @@ __all__ = [
     "dense_attention",
     "gather_kv",
     "linear",
+    "norm_rope",
     "paged_attention",
     "quantized_embedding",
     "split_linear",
@@ -297,6 +298,44 @@ def add_rms_norm(
         ValueError: On shapes or dtypes that do not fit together, or a bad eps.
     """
     return _ext.add_rms_norm(residual, update, weight, eps=eps, stream=stream)
+
+
+def norm_rope(
+    x: mx.array,
+    weight: mx.array,
+    offsets: mx.array,
+    *,
+    eps: float,
+    base: float,
+    stream: StreamOrDevice = None,
+) -> mx.array:
+    """RMSNorm then rotary position embedding of each head, fused (q_norm + RoPE of a layer).
+
+    Per row `x[b, l, h]` of D elements: `n = x / sqrt(mean(x**2) + eps) * weight`, then
+    each pair `(n[i], n[i + D/2])` (non-traditional RoPE) rotated by the angle
+    `(offsets[b] + l) * base ** (-2i / D)`; the result is transposed to heads first. Equal to
+    `mx.fast.rope(mx.fast.rms_norm(x, weight, eps).transpose(0, 2, 1, 3), D, ...,
+    offset=offsets)` (`pagekernels.reference.norm_rope`), but one kernel reading and writing
+    each element once, in float32 throughout (see `reference.NORM_ROPE_TOLERANCE`).
+
+    Args:
+        x: `[B, L, H, D]` float32, float16 or bfloat16; any strides (e.g. a reshaped column
+            slice of a fused QKV projection), read without a copy. D even; on a GPU stream
+            `D % 64 == 0` and `D <= 256`.
+        weight: `[D]`, x's dtype (the norm's scale).
+        offsets: int32 `[B]`, the position of each row's first token.
+        eps: The norm's epsilon, finite and positive.
+        base: The RoPE base (`rope_theta`), finite and positive.
+        stream: Stream or device to run on.
+
+    Returns:
+        `[B, H, L, D]` in x's dtype, row-contiguous.
+
+    Raises:
+        ValueError: On wrong ranks, shapes or dtypes, an odd D (or one the GPU kernel does not
+            take, on a GPU stream), or an eps or base that is not finite and positive.
+    """
+    return _ext.norm_rope(x, weight, offsets, eps=eps, base=base, stream=stream)
 
 
 #: The `native` entry point of the `pagekernels.backends` group.

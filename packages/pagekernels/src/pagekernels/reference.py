@@ -19,12 +19,14 @@ import mlx.core as mx
 from pagekernels.backend import ModuleBackend
 
 __all__ = [
+    "NORM_ROPE_TOLERANCE",
     "TOLERANCE",
     "add_rms_norm",
     "backend",
     "dense_attention",
     "gather_kv",
     "linear",
+    "norm_rope",
     "paged_attention",
     "quantized_embedding",
     "split_linear",
@@ -35,6 +37,17 @@ __all__ = [
 #: output dtype, is within this absolute and relative tolerance of theirs (scores and softmax
 #: run in float32 either way; float16/bfloat16 differ by their rounding of inputs and outputs).
 TOLERANCE: dict[mx.Dtype, float] = {mx.float32: 1e-5, mx.float16: 2e-2, mx.bfloat16: 2e-2}
+
+#: How close `native.norm_rope` comes to `norm_rope` below evaluated in the input dtype. The
+#: kernels keep the normed value, cos/sin and the rotation in float32 and round once; in
+#: float16/bfloat16 this composition rounds the normed value, its product with the weight, cos
+#: and sin, both products and their sum. In bfloat16 that puts it up to ~0.05 from the exact
+#: result (normed values up to ~4.5; measured over 2M elements), hence 4e-2 there; evaluated in
+#: float32 and rounded once it matches the kernels within `TOLERANCE`. Float32 matches at 1e-5
+#: at positions of 32k too: the kernels take the frequencies of MLX's CPU rope and round the
+#: angle as it does (run on a GPU stream, MLX's CUDA rope computes its frequencies otherwise and
+#: can differ from the CPU result by ~1e-3 there: compare on the CPU stream).
+NORM_ROPE_TOLERANCE: dict[mx.Dtype, float] = {**TOLERANCE, mx.bfloat16: 4e-2}
 
 
 def gather_kv(
@@ -227,6 +240,29 @@ def add_rms_norm(
     """
     total = residual + update
     return total, mx.fast.rms_norm(total, weight, eps)
+
+
+def norm_rope(
+    x: mx.array, weight: mx.array, offsets: mx.array, *, eps: float, base: float
+) -> mx.array:
+    """`mx.fast.rms_norm`, then non-traditional `mx.fast.rope` at positions `offsets[b] + l`;
+    see `pagekernels.native.norm_rope`.
+
+    Args:
+        x: `[B, L, H, D]` float.
+        weight: `[D]`, x's dtype.
+        offsets: int32 `[B]`.
+        eps: The norm's epsilon.
+        base: The RoPE base.
+
+    Returns:
+        `[B, H, L, D]` in x's dtype.
+    """
+    D = x.shape[-1]
+    normed = mx.fast.rms_norm(x, weight, eps)
+    return mx.fast.rope(
+        normed.transpose(0, 2, 1, 3), D, traditional=False, base=base, scale=1.0, offset=offsets
+    )
 
 
 #: The `reference` entry point of the `pagekernels.backends` group.

@@ -1,0 +1,188 @@
+// pagekernels::cuda::norm_rope: RMSNorm times weight, then non-traditional RoPE, of each [D] row
+// of x [B, L, H, D], written transposed to out [B, H, L, D]; float32/float16/bfloat16, fp32 math.
+//
+// Why: a Qwen3 decode layer ran q_norm, k_norm, rope(q) and rope(k) as four kernels of ~3 us,
+// almost all fixed cost; this is one node per tensor.
+//
+// Mapping: one warp per (b, l, h) row, rows in x's order (consecutive warps read consecutive
+// heads of a token). Lane j holds elements j*N .. j*N + N - 1 of both halves (N = D/64), i.e.
+// whole rotation pairs (i, i + D/2): the sum of squares is the only cross-lane step. Each element
+// is read once and written once, as one N-element access where x's rows allow it (element
+// stride 1, aligned; the output always does), else element by element through x's strides.
+//
+// Angles: the reference rotates pair i by the float32 product position * f_i, and at positions
+// of 32k one ulp of the angle is 2e-3 rad; the frequencies f_i therefore come from the host
+// (NormRope::inv_frequencies, MLX's own values) as a kernel parameter, and the position, angle
+// use explicitly rounded float32 operations that the compiler cannot fuse into an FMA.
+#include <algorithm>
+#include <string>
+
+#include "cuda/device_utils.cuh"
+#include "cuda/launch.h"
+#include "cuda/launch_utils.cuh"
+#include "kernels/gpu_limits.h"
+
+namespace pagekernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;  // rows per CTA
+constexpr int kThreads = 32 * kWarps;
+
+// 512 bytes of kernel parameters: the graph node owns its copy, so no device buffer to manage.
+struct Frequencies {
+  float inv[kNormRopeMaxHeadDim / 2];
+};
+
+// Element strides of x [B, L, H, D].
+struct Strides {
+  int64_t batch, token, head, element;
+};
+
+constexpr bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// N elements moved as one access of N * sizeof(T) bytes (N a power of two, address aligned).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename T, int N, bool kVector>
+__device__ __forceinline__ void load_float(const T* p, int64_t stride, float (&out)[N]) {
+  if constexpr (kVector) {
+    const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = to_float(pack.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = to_float(p[k * stride]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
+  if constexpr (is_power_of_two(N)) {
+    Pack<T, N> pack;
+#pragma unroll
+    for (int k = 0; k < N; ++k) pack.v[k] = from_float<T>(in[k]);
+    *reinterpret_cast<Pack<T, N>*>(p) = pack;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = from_float<T>(in[k]);
+  }
+}
+
+template <typename T, int kHeadDim, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    norm_rope_kernel(const T* x, const T* weight, const int32_t* offsets, T* out,
+                     Strides strides, int L, int H, int64_t rows, float eps, Frequencies freqs) {
+  constexpr int kHalf = kHeadDim / 2;
+  constexpr int kPerLane = kHalf / 32;
+  __shared__ float inv_freq[kHalf];
+  for (int i = threadIdx.x; i < kHalf; i += kThreads) inv_freq[i] = freqs.inv[i];
+  __syncthreads();
+
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps: every lane of a warp has the same row
+  const int h = static_cast<int>(row % H);
+  const int l = static_cast<int>(row / H % L);
+  const int64_t b = row / H / L;
+  const int first = (threadIdx.x % 32) * kPerLane;
+
+  const T* src = x + b * strides.batch + l * strides.token + h * strides.head +
+                 first * strides.element;
+  float lo[kPerLane], hi[kPerLane];
+  load_float<T, kPerLane, kVector>(src, strides.element, lo);
+  load_float<T, kPerLane, kVector>(src + kHalf * strides.element, strides.element, hi);
+
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) sum_squares += lo[k] * lo[k] + hi[k] * hi[k];
+  sum_squares = group_sum<32>(sum_squares);
+  const float r = 1.0f / sqrtf(sum_squares * (1.0f / kHeadDim) + eps);
+  const float position = __fadd_rn(static_cast<float>(l), static_cast<float>(offsets[b]));
+
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int i = first + k;
+    const float x1 = lo[k] * r * to_float(weight[i]);
+    const float x2 = hi[k] * r * to_float(weight[i + kHalf]);
+    float sin_t, cos_t;
+    sincosf(__fmul_rn(position, inv_freq[i]), &sin_t, &cos_t);
+    lo[k] = x1 * cos_t - x2 * sin_t;
+    hi[k] = x1 * sin_t + x2 * cos_t;
+  }
+  T* dst = out + ((b * H + h) * L + l) * kHeadDim + first;
+  store_float<T, kPerLane>(dst, lo);
+  store_float<T, kPerLane>(dst + kHalf, hi);
+}
+
+// Whether every lane's N elements of every row of x can be read as one aligned access.
+template <typename T, int N>
+bool vector_loadable(const mx::array& x) {
+  if (!is_power_of_two(N) || x.strides(3) != 1) return false;
+  const auto address = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(x));
+  return address % (N * sizeof(T)) == 0 && x.strides(0) % N == 0 && x.strides(1) % N == 0 &&
+         x.strides(2) % N == 0;
+}
+
+template <typename T, int kHeadDim>
+void launch_norm_rope(Encoder& enc, const mx::array& x, const mx::array& weight,
+                      const mx::array& offsets, mx::array& out, float eps, Frequencies freqs) {
+  constexpr int kPerLane = kHeadDim / 64;
+  const T* xs = mx::gpu_ptr<T>(x);
+  const T* ws = mx::gpu_ptr<T>(weight);
+  const int32_t* positions = mx::gpu_ptr<int32_t>(offsets);
+  T* ys = mx::gpu_ptr<T>(out);
+  Strides strides{x.strides(0), x.strides(1), x.strides(2), x.strides(3)};
+  int L = x.shape(1), H = x.shape(2);
+  int64_t rows = static_cast<int64_t>(x.shape(0)) * L * H;
+  const dim3 grid(static_cast<unsigned>((rows + kWarps - 1) / kWarps));
+  auto add = [&](const void* kernel) {
+    const KernelInfo info = kernel_info(enc, kernel, kThreads, 0);
+    add_kernel(enc, info, grid, kThreads, 0, xs, ws, positions, ys, strides, L, H, rows, eps,
+               freqs);
+  };
+  if constexpr (is_power_of_two(kPerLane)) {
+    if (vector_loadable<T, kPerLane>(x)) {
+      return add(reinterpret_cast<const void*>(&norm_rope_kernel<T, kHeadDim, true>));
+    }
+  }
+  add(reinterpret_cast<const void*>(&norm_rope_kernel<T, kHeadDim, false>));
+}
+
+}  // namespace
+
+void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
+               mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s) {
+  NvtxRange range("pagekernels::norm_rope");
+  const int head_dim = x.shape(3);
+  if (!gpu_norm_rope_supports_head_dim(head_dim)) {
+    throw std::invalid_argument("[norm_rope] the CUDA kernel takes D % 64 == 0 up to " +
+                                std::to_string(kNormRopeMaxHeadDim) + ", got D=" +
+                                std::to_string(head_dim));
+  }
+  auto& enc = mx::cu::get_command_encoder(s);
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  enc.set_input_array(x);
+  enc.set_input_array(weight);
+  enc.set_input_array(offsets);
+  enc.set_output_array(out);
+  Frequencies freqs{};
+  std::copy(inv_freqs, inv_freqs + head_dim / 2, freqs.inv);
+  dispatch_float(x.dtype(), "norm_rope", [&](auto tag) {
+    using T = decltype(tag);
+    switch (head_dim) {
+      case 64:
+        return launch_norm_rope<T, 64>(enc, x, weight, offsets, out, eps, freqs);
+      case 128:
+        return launch_norm_rope<T, 128>(enc, x, weight, offsets, out, eps, freqs);
+      case 192:
+        return launch_norm_rope<T, 192>(enc, x, weight, offsets, out, eps, freqs);
+      default:
+        return launch_norm_rope<T, 256>(enc, x, weight, offsets, out, eps, freqs);
+    }
+  });
+}
+
+}  // namespace pagekernels::cuda
