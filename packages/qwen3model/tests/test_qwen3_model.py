@@ -260,3 +260,4 @@ def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
     assert counting.calls["split_linear"] == 2 * layers
     # Every residual add with the norm after it: two per block, the last one the final norm.
     assert counting.calls["add_rms_norm"] == 2 * layers
+    assert counting.calls["norm_rope"] == 2 * layers  # queries and keys

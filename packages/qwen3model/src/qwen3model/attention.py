@@ -99,6 +99,7 @@ class Attention(nn.Module):
 
     def __init__(self, args: ModelArgs, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
+        self.backend = backend
         self.layer_index = layer_index
         self.n_heads = args.num_attention_heads
         self.n_kv_heads = args.num_key_value_heads
@@ -128,16 +129,13 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         D = self.head_dim
         queries, keys, values = self.qkv_proj(x)
-        queries = self.q_norm(queries.reshape(B, L, self.n_heads, D))
-        keys = self.k_norm(keys.reshape(B, L, self.n_kv_heads, D))
+        # q_norm/k_norm and RoPE in one kernel each; both come back heads-first [B, H, L, D].
+        queries = self._norm_rope(queries.reshape(B, L, self.n_heads, D), self.q_norm, offsets)
+        keys = self._norm_rope(keys.reshape(B, L, self.n_kv_heads, D), self.k_norm, offsets)
         values = values.reshape(B, L, self.n_kv_heads, D).transpose(0, 2, 1, 3)
-        queries = self._rope(queries.transpose(0, 2, 1, 3), offsets)
-        keys = self._rope(keys.transpose(0, 2, 1, 3), offsets)
         output = attention(self.layer_index, queries, keys, values)
         return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, self.n_heads * D))
 
-    def _rope(self, x: mx.array, offsets: mx.array) -> mx.array:
-        # Qwen3 rotates the two halves of each head (traditional=False), as Hugging Face does.
-        return mx.fast.rope(
-            x, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=offsets
-        )
+    def _norm_rope(self, x: mx.array, norm: nn.RMSNorm, offsets: mx.array) -> mx.array:
+        # Qwen3 rotates the two halves of each head (non-traditional RoPE), as Hugging Face does.
+        return self.backend.norm_rope(x, norm.weight, offsets, eps=norm.eps, base=self.rope_theta)
