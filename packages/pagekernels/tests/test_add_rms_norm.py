@@ -27,7 +27,8 @@ def _inputs(shape: tuple[int, ...], dtype: mx.Dtype, seed: int = 0):
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "shape",
-    [(4, 1, 2560), (2, 17, 192), (64,), (3, 5, 100)],  # decode, prefill, one row, odd H
+    # decode, prefill, one row, odd H, the GPU kernel's widest row
+    [(4, 1, 2560), (2, 17, 192), (64,), (3, 5, 100), (2, 8192)],
     ids=str,
 )
 def test_matches_the_reference(device, poison_allocator, assert_close, dtype, shape):
@@ -91,3 +92,22 @@ def _valid_args() -> dict:
 )
 def test_bad_arguments_are_rejected(assert_rejected, change, match):
     assert_rejected("add_rms_norm", {**_valid_args(), **change}, match)
+
+
+def test_the_cpu_takes_rows_wider_than_the_gpu_kernel(assert_close):
+    inputs = _inputs((2, 8200), mx.float32, seed=5)
+    got = pagekernels.add_rms_norm(*inputs, eps=EPS, stream=mx.cpu)
+    for actual, wanted in zip(got, reference.add_rms_norm(*inputs, eps=EPS), strict=True):
+        assert_close(actual, wanted)
+
+
+# Only GPU streams have a width limit; collected where MLX has a GPU (the H200 runs this suite).
+if mx.cuda.is_available():
+
+    def test_rows_wider_than_the_gpu_kernel_are_rejected_on_gpu_streams():
+        residual, update, weight = _inputs((2, 8200), mx.bfloat16)
+        with pytest.raises(
+            ValueError,
+            match=r"^\[add_rms_norm\] the GPU kernel takes rows of at most 8192 elements",
+        ):
+            pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=mx.gpu)

@@ -1,45 +1,60 @@
 // pagekernels::cuda::add_rms_norm: one CTA per row writes sum = residual + update (rounded to the
-// dtype) and its RMSNorm. A decode step has a handful of rows of a few thousand elements: the
-// kernel is one graph node where MLX runs two (an add and rms_norm), and its time is mostly
-// launch latency, so it reads elements one at a time with any strides.
+// dtype) and its RMSNorm. A decode step has a handful of rows of a few thousand elements, so the
+// kernel's time is latency: each thread loads its kPerThread elements of both inputs and of the
+// weight at once (one memory round trip), keeps them in registers through the block reduction,
+// and writes both outputs. One graph node where MLX runs two (an add and rms_norm).
+#include <algorithm>
+
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
+#include "kernels/gpu_limits.h"
 
 namespace pagekernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kPerThread = 8;
+constexpr int kMaxThreads = kAddRmsNormMaxWidth / kPerThread;
 
 struct Strided {
   int64_t row, col;
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    add_rms_norm_kernel(const T* residual, Strided r, const T* update, Strided u, const T* weight,
-                        int64_t w_col, T* sum, T* normed, int width, float eps) {
-  __shared__ float warp_sums[kThreads / 32];
+__global__ void __launch_bounds__(kMaxThreads)
+    add_rms_norm_kernel(const T* __restrict__ residual, Strided r, const T* __restrict__ update,
+                        Strided u, const T* __restrict__ weight, int64_t w_col,
+                        T* __restrict__ sum, T* __restrict__ normed, int width, float eps) {
+  __shared__ float warp_sums[kMaxThreads / 32];
   const int64_t row = blockIdx.x;
-  T* sum_row = sum + row * width;
+  float x[kPerThread], w[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {  // element i = j * blockDim.x + threadIdx.x
+    const int i = j * blockDim.x + threadIdx.x;
+    const bool in = i < width;
+    const float a = in ? to_float(residual[row * r.row + i * r.col]) : 0.0f;
+    const float b = in ? to_float(update[row * u.row + i * u.col]) : 0.0f;
+    w[j] = in ? to_float(weight[i * w_col]) : 0.0f;
+    x[j] = to_float(from_float<T>(a + b));  // the sum as stored, which the norm reads
+  }
   float squares = 0.0f;
-  for (int i = threadIdx.x; i < width; i += kThreads) {
-    const T s = from_float<T>(to_float(residual[row * r.row + i * r.col]) +
-                              to_float(update[row * u.row + i * u.col]));
-    sum_row[i] = s;  // read back below by this same thread
-    squares += to_float(s) * to_float(s);
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = j * blockDim.x + threadIdx.x;
+    if (i < width) sum[row * width + i] = from_float<T>(x[j]);
+    squares += x[j] * x[j];
   }
   squares = group_sum<32>(squares);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = squares;
   __syncthreads();
   float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += warp_sums[k];
   const float scale = rsqrtf(total / static_cast<float>(width) + eps);
-  T* normed_row = normed + row * width;
-  for (int i = threadIdx.x; i < width; i += kThreads) {
-    normed_row[i] = from_float<T>(to_float(sum_row[i]) * scale * to_float(weight[i * w_col]));
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = j * blockDim.x + threadIdx.x;
+    if (i < width) normed[row * width + i] = from_float<T>(x[j] * scale * w[j]);
   }
 }
 
@@ -57,7 +72,9 @@ void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::
   enc.set_output_array(sum);
   enc.set_output_array(normed);
   const auto rows = static_cast<unsigned>(residual.shape(0));
-  int width = residual.shape(1);
+  int width = residual.shape(1);  // <= kAddRmsNormMaxWidth (checked by the op)
+  // Whole warps, enough for kPerThread elements each.
+  const int threads = std::max(32, (width + 32 * kPerThread - 1) / (32 * kPerThread) * 32);
   Strided r{residual.strides(0), residual.strides(1)};
   Strided u{update.strides(0), update.strides(1)};
   int64_t w_col = weight.strides(0);
@@ -69,8 +86,8 @@ void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::
     T* sums = mx::gpu_ptr<T>(sum);
     T* outs = mx::gpu_ptr<T>(normed);
     const KernelInfo info = kernel_info(
-        enc, reinterpret_cast<const void*>(&add_rms_norm_kernel<T>), kThreads, 0);
-    add_kernel(enc, info, dim3(rows), kThreads, 0, rs, r, us, u, ws, w_col, sums, outs, width,
+        enc, reinterpret_cast<const void*>(&add_rms_norm_kernel<T>), threads, 0);
+    add_kernel(enc, info, dim3(rows), threads, 0, rs, r, us, u, ws, w_col, sums, outs, width,
                eps);
   });
 }

@@ -19,4 +19,7 @@ constexpr bool gpu_norm_rope_supports_head_dim(int head_dim) {
   return head_dim > 0 && head_dim % 64 == 0 && head_dim <= kNormRopeMaxHeadDim;
 }
 
+// add_rms_norm: one CTA per row, each of up to 1024 threads holding 8 elements in registers.
+constexpr int kAddRmsNormMaxWidth = 8 * 1024;
+
 }  // namespace pagekernels

@@ -28,6 +28,12 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
     return "eps must be a finite positive number, got " + std::to_string(eps);
   });
   auto stream = mx::to_stream(s);
+  check(stream.device.type != mx::Device::gpu || residual.shape(-1) <= kAddRmsNormMaxWidth, kOp,
+        [&] {
+          return "the GPU kernel takes rows of at most " + std::to_string(kAddRmsNormMaxWidth) +
+                 " elements, got H=" + std::to_string(residual.shape(-1)) +
+                 " (the CPU kernel takes any H)";
+        });
   // Rows of H: a reshape, which copies only what cannot be viewed as [rows, H] (the kernels
   // take any row and column strides).
   const int H = residual.shape(-1);
