@@ -19,8 +19,11 @@ warm-up:
 
 `--kernel-trace` (GPU, needs PyTorch in the same environment, as on the lent H200) also records
 every CUDA kernel of `--steps` compiled steps through `torch.profiler` (CUPTI sees MLX's graph
-launches too) and reports GPU time per step by kernel: the step's kernel time against its wall
-time separates device work from host overhead.
+launches too) and reports GPU time per step by kernel and, for the linear kernel, per launch
+grid (one per weight shape): the step's kernel time against its wall time and its host time
+(`step+compile host`: until `mx.async_eval` returns) separates device work from host overhead.
+`--linear-splits 0 1 2 4` repeats the compiled step and its trace with the linear kernel's split
+of K across CTAs forced to each count.
 
 A step far above the sum of the weight floor and the attention chain is bounded by
 per-operation overhead, not by the kernels.
@@ -29,9 +32,11 @@ per-operation overhead, not by the kernels.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +45,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from attention_workload import DTYPES
 
-from pagekernels import get_backend
+from pagekernels import _ext, get_backend
 from pagepool import BatchMetadata, PagePool
 from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
@@ -72,7 +77,8 @@ def _linear_weights(model: nn.Module) -> list[mx.array]:
 
 
 def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, object]:
-    """GPU kernels of `steps` evaluations of `run`, by name: calls and microseconds per step."""
+    """GPU kernels of `steps` evaluations of `run`: calls and microseconds per step, by kernel
+    name and by (name, grid) launch shape (which tells the linear kernel's weight shapes apart)."""
     from torch.profiler import ProfilerActivity, profile
 
     mx.eval(run())
@@ -80,17 +86,60 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         for _ in range(steps):
             mx.eval(run())
         mx.synchronize()
-    kernels = []
-    for event in prof.key_averages():
-        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if us > 0:
-            kernels.append({"kernel": event.key, "calls": event.count / steps, "us": us / steps})
-    kernels.sort(key=lambda k: -k["us"])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    by_launch: dict[tuple[str, tuple[int, ...]], list[float]] = collections.defaultdict(list)
+    for event in events:
+        if event.get("cat") != "kernel":
+            continue
+        grid = tuple(event.get("args", {}).get("grid", ()))
+        by_name[event["name"]].append(event["dur"])
+        by_launch[event["name"], grid].append(event["dur"])
+
+    def table(groups: dict, key: Callable) -> list[dict[str, object]]:
+        rows = [
+            {**key(k), "calls": len(durations) / steps, "us": sum(durations) / steps}
+            for k, durations in groups.items()
+        ]
+        return sorted(rows, key=lambda row: -row["us"])
+
+    kernels = table(by_name, lambda name: {"kernel": name})
     return {
         "kernel_us_per_step": sum(k["us"] for k in kernels),
         "kernels_per_step": sum(k["calls"] for k in kernels),
         "kernels": kernels,
+        "launches": table(by_launch, lambda k: {"kernel": k[0], "grid": list(k[1])}),
     }
+
+
+def _print_linear_launches(title: str, trace: dict[str, object]) -> None:
+    cells = [
+        f"{tuple(launch['grid'])}: {launch['us'] / launch['calls']:.1f}"
+        for launch in trace["launches"]
+        if "linear_kernel" in launch["kernel"]
+    ]
+    print(f"  {title} " + "  ".join(cells))
+
+
+def _host_and_wall_ms(run: Callable[[], list[mx.array]], steps: int) -> tuple[float, float]:
+    """Medians of the host's share (building the graph and submitting it: `mx.async_eval`
+    returns) and of the whole evaluation, over `steps` runs after a warm-up."""
+    mx.eval(run())
+    host, wall = [], []
+    for _ in range(steps):
+        mx.synchronize()
+        start = time.perf_counter()
+        outputs = run()
+        mx.async_eval(outputs)
+        submitted = time.perf_counter()
+        mx.eval(outputs)
+        done = time.perf_counter()
+        host.append(1000 * (submitted - start))
+        wall.append(1000 * (done - start))
+    return statistics.median(host), statistics.median(wall)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--kernel-trace", action="store_true", help="per-kernel GPU time (needs torch)"
+    )
+    parser.add_argument(
+        "--step-only",
+        action="store_true",
+        help="time the whole step only (no products, attention or per-op probes)",
+    )
+    parser.add_argument(
+        "--linear-splits",
+        type=int,
+        nargs="*",
+        default=[],
+        help="with --kernel-trace: also trace the compiled step with the linear kernel's K "
+        "split forced to each count (0 = automatic; CUDA builds only)",
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
@@ -198,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     results["step"] = _median_ms(step, args.steps)
     model.compile_decode = True
     results["step+compile"] = _median_ms(step, args.steps)
+    results["step+compile host"], _ = _host_and_wall_ms(step, args.steps)
     model.compile_decode = False
+    if args.step_only:
+        times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in results.items())
+        print(f"{args.model} {args.dtype} B={B} ctx={ctx}: {times}")
+        return 0
     products = {
         f"M={B} backend": (B, backend.linear),
         f"M={B} matmul": (B, matmul),
@@ -223,9 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
 
     trace = None
+    by_splits: dict[int, dict[str, object]] = {}
     if args.kernel_trace:
         model.compile_decode = True
         trace = _kernel_trace(step, args.steps)
+        for splits in args.linear_splits:
+            _ext.set_linear_num_splits(splits)
+            by_splits[splits] = {
+                "step+compile ms": _median_ms(step, args.steps),
+                "trace": _kernel_trace(step, args.steps),
+            }
+        _ext.set_linear_num_splits(0)
         model.compile_decode = False
 
     floor_ms = weight_bytes / 4.3e12 * 1e3
@@ -246,6 +321,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         for k in trace["kernels"][:15]:
             print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")
+        _print_linear_launches("linear launches (grid: us per call)", trace)
+    for splits, run in by_splits.items():
+        label = "automatic" if splits == 0 else str(splits)
+        print(
+            f"  linear splits {label}: step+compile {run['step+compile ms']:.3f} ms, "
+            f"{run['trace']['kernel_us_per_step'] / 1000:.3f} ms of GPU time"
+        )
+        _print_linear_launches("  ", run["trace"])
     if args.json_output:
         args.json_output.parent.mkdir(parents=True, exist_ok=True)
         args.json_output.write_text(
@@ -266,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                     "median_ms": results,
                     "linear_by_shape": by_shape,
                     "kernel_trace": trace,
+                    "linear_splits": by_splits,
                 },
                 indent=2,
             )

@@ -86,8 +86,14 @@ fi
 
 if has_stage profile; then
   section "decode step: whole step against its parts"
-  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace --json-output "$OUT/decode_step.json" \
-    2>&1 | tee "$OUT/decode_step.log" | tail -n 40
+  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace \
+    --linear-splits ${LINEAR_SPLITS:-} --json-output "$OUT/decode_step.json" \
+    2>&1 | tee "$OUT/decode_step.log" | tail -n 60
+  # MLX puts at most MLX_MAX_OPS_PER_BUFFER kernels in one CUDA graph (100 on the H200).
+  for ops in ${GRAPH_OPS:-}; do
+    MLX_MAX_OPS_PER_BUFFER=$ops timeout 120 python3 benchmarks/decode_step.py --device gpu \
+      --step-only 2>&1 | tail -n 1 | sed "s/^/MLX_MAX_OPS_PER_BUFFER=$ops: /" | tee -a "$OUT/graph_ops.log"
+  done
   if [ "${NCU:-1}" = 1 ]; then
   section "ncu: small decode shapes"
   timeout 180 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
