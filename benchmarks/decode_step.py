@@ -22,8 +22,6 @@ every CUDA kernel of `--steps` compiled steps through `torch.profiler` (CUPTI se
 launches too) and reports GPU time per step by kernel and, for the linear kernel, per launch
 grid (one per weight shape): the step's kernel time against its wall time and its host time
 (`step+compile host`: until `mx.async_eval` returns) separates device work from host overhead.
-`--linear-splits 0 1 2 4` repeats the compiled step and its trace with the linear kernel's split
-of K across CTAs forced to each count.
 
 A step far above the sum of the weight floor and the attention chain is bounded by
 per-operation overhead, not by the kernels.
@@ -45,7 +43,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from attention_workload import DTYPES
 
-from pagekernels import _ext, get_backend
+from pagekernels import get_backend
 from pagepool import BatchMetadata, PagePool
 from qwen3model.provenance import collect_provenance
 from qwen3model.synthetic import SYNTHETIC_CONFIGS, build_synthetic
@@ -115,15 +113,6 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     }
 
 
-def _print_linear_launches(title: str, trace: dict[str, object]) -> None:
-    cells = [
-        f"{tuple(launch['grid'])}: {launch['us'] / launch['calls']:.1f}"
-        for launch in trace["launches"]
-        if "linear_kernel" in launch["kernel"]
-    ]
-    print(f"  {title} " + "  ".join(cells))
-
-
 def _host_and_wall_ms(run: Callable[[], list[mx.array]], steps: int) -> tuple[float, float]:
     """Medians of the host's share (building the graph and submitting it: `mx.async_eval`
     returns) and of the whole evaluation, over `steps` runs after a warm-up."""
@@ -165,14 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         "--step-only",
         action="store_true",
         help="time the whole step only (no products, attention or per-op probes)",
-    )
-    parser.add_argument(
-        "--linear-splits",
-        type=int,
-        nargs="*",
-        default=[],
-        help="with --kernel-trace: also trace the compiled step with the linear kernel's K "
-        "split forced to each count (0 = automatic; CUDA builds only)",
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
@@ -290,17 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
 
     trace = None
-    by_splits: dict[int, dict[str, object]] = {}
     if args.kernel_trace:
         model.compile_decode = True
         trace = _kernel_trace(step, args.steps)
-        for splits in args.linear_splits:
-            _ext.set_linear_num_splits(splits)
-            by_splits[splits] = {
-                "step+compile ms": _median_ms(step, args.steps),
-                "trace": _kernel_trace(step, args.steps),
-            }
-        _ext.set_linear_num_splits(0)
         model.compile_decode = False
 
     floor_ms = weight_bytes / 4.3e12 * 1e3
@@ -321,14 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for k in trace["kernels"][:15]:
             print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")
-        _print_linear_launches("linear launches (grid: us per call)", trace)
-    for splits, run in by_splits.items():
-        label = "automatic" if splits == 0 else str(splits)
-        print(
-            f"  linear splits {label}: step+compile {run['step+compile ms']:.3f} ms, "
-            f"{run['trace']['kernel_us_per_step'] / 1000:.3f} ms of GPU time"
-        )
-        _print_linear_launches("  ", run["trace"])
+        cells = [
+            f"{tuple(launch['grid'])}: {launch['us'] / launch['calls']:.1f}"
+            for launch in trace["launches"]
+            if "linear_kernel" in launch["kernel"]
+        ]
+        print("  linear launches (grid: us per call) " + "  ".join(cells))
     if args.json_output:
         args.json_output.parent.mkdir(parents=True, exist_ok=True)
         args.json_output.write_text(
@@ -349,7 +320,6 @@ def main(argv: list[str] | None = None) -> int:
                     "median_ms": results,
                     "linear_by_shape": by_shape,
                     "kernel_trace": trace,
-                    "linear_splits": by_splits,
                 },
                 indent=2,
             )

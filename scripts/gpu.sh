@@ -87,7 +87,7 @@ fi
 if has_stage profile; then
   section "decode step: whole step against its parts"
   timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace \
-    --linear-splits ${LINEAR_SPLITS:-} --json-output "$OUT/decode_step.json" \
+    --json-output "$OUT/decode_step.json" \
     2>&1 | tee "$OUT/decode_step.log" | tail -n 60
   # MLX puts at most MLX_MAX_OPS_PER_BUFFER kernels in one CUDA graph (100 on the H200).
   for ops in ${GRAPH_OPS:-}; do

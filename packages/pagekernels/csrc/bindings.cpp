@@ -34,9 +34,6 @@ NB_MODULE(_ext, m) {
   m.def("set_decode_tensor_cores", &pagekernels::cuda::set_decode_tensor_cores, "enabled"_a,
         "Decode on tensor cores (float16/bfloat16, D = 64 or 128); False forces CUDA cores.");
   m.def("decode_tensor_cores", &pagekernels::cuda::decode_tensor_cores);
-  m.def("set_linear_num_splits", &pagekernels::cuda::set_linear_num_splits, "n"_a,
-        "CTAs along K per 16-column tile of the linear kernel: 0 = automatic.");
-  m.def("linear_num_splits", &pagekernels::cuda::linear_num_splits);
 #else
   m.attr("with_cuda") = false;
 #endif

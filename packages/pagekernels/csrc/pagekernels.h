@@ -84,15 +84,17 @@ std::vector<mx::array> split_linear(const mx::array& x, const mx::array& weight,
 // rounded to the inputs' dtype and normed = sum * rsqrt(mean(sum^2) + eps) * weight over the
 // last axis (fp32 math on the rounded sum, so normed equals mx.fast.rms_norm(sum, weight, eps)
 // up to rounding). residual/update [..., H] of one float dtype, weight [H] of the same dtype.
-// One kernel for what is otherwise an add and an RMSNorm.
+// One kernel for what is otherwise an add and an RMSNorm (on a GPU stream, rows up to
+// kAddRmsNormMaxWidth; wider ones run those two MLX ops).
 std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx::array& update,
                                              const mx::array& weight, float eps,
                                              mx::StreamOrDevice s = {});
 // RMSNorm of each [D] row of x [B,L,H,D] (fp32 sum of squares, times weight [D]), then
 // non-traditional RoPE (pairs (i, i + D/2)) at position offsets[b] + l with frequencies
 // base^(-2i/D); returns [B,H,L,D] (row-contiguous) in x's dtype. x may be a strided view.
-// D even (on a GPU stream D % 64 == 0 up to 256: kernels/gpu_limits.h); weight [D] of x's dtype;
-// offsets int32 [B]; eps and base finite and positive.
+// D even (on a GPU stream the kernel takes D % 64 == 0 up to 256, kernels/gpu_limits.h; other D
+// run mx::fast::rms_norm and rope); weight [D] of x's dtype; offsets int32 [B]; eps and base
+// finite and positive.
 mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
                     float eps, float base, mx::StreamOrDevice s = {});
 

@@ -20,11 +20,6 @@ def _inputs(rows: tuple[int, ...], n: int, k: int, dtype: mx.Dtype, seed: int = 
     return x, w
 
 
-def _gpu_only(test):
-    """Keeps `test` only where MLX has a CUDA GPU (pytest collects no `None` attribute)."""
-    return test if mx.cuda.is_available() else None
-
-
 def _oracle(x: mx.array, w: mx.array) -> mx.array:
     """The float32 equation, rounded once to the inputs' dtype."""
     return (x.astype(mx.float32) @ w.astype(mx.float32).T).astype(x.dtype)
@@ -157,6 +152,11 @@ def test_forcing_the_kernel_on_mixed_dtypes_is_rejected(device):
         _ext.linear(x, w, use_kernel=True, stream=device)
 
 
+def _gpu_only(test):
+    """Keeps `test` only where MLX has a CUDA GPU (pytest collects no `None` attribute)."""
+    return test if mx.cuda.is_available() else None
+
+
 @_gpu_only
 @pytest.mark.parametrize(
     ("x_shape", "k", "dtype", "match"),
@@ -173,31 +173,6 @@ def test_forcing_the_cuda_kernel_where_it_does_not_apply_is_rejected(x_shape, k,
     w = mx.zeros((8, k), dtype=dtype)
     with pytest.raises(ValueError, match=r"^\[linear\] use_kernel=True but " + match):
         _ext.linear(x, w, use_kernel=True, stream=mx.gpu)
-
-
-@_gpu_only
-@pytest.mark.parametrize("splits", [1, 2, 3, 5])
-@pytest.mark.parametrize(
-    ("rows", "widths", "k"), [((4,), (2560,), 2560), ((12,), (24, 16), 4096)], ids=str
-)
-def test_k_split_across_ctas_matches_the_equation(
-    poison_allocator, assert_close, splits, rows, widths, k
-):
-    """Forced split counts (uneven shares of K, two m tiles, stacked parts); three launches in
-    a row show the arrival counters start from zero every time."""
-    _ext.set_linear_num_splits(splits)
-    try:
-        for seed in (12, 13, 14):
-            x, w = _inputs(rows, sum(widths), k, mx.bfloat16, seed=seed)
-            mx.eval(x, w)
-            poison_allocator((int(np.prod(rows)), sum(widths)), mx.bfloat16)
-            parts = _ext.split_linear(x, w, widths, use_kernel=True, stream=mx.gpu)
-            mx.eval(parts)
-            expected = mx.split(_oracle(x, w), list(np.cumsum(widths)[:-1]), axis=-1)
-            for part, wanted in zip(parts, expected, strict=True):
-                assert_close(part, wanted)
-    finally:
-        _ext.set_linear_num_splits(0)
 
 
 # split_linear: stacked weights, one contiguous output per part.

@@ -102,6 +102,23 @@ def test_the_cpu_kernel_takes_any_even_head_dim(assert_close, head_dim):
     _check(out, x, weight, offsets, assert_close)
 
 
+@pytest.mark.parametrize("head_dim", [32, 96])
+def test_head_dims_the_gpu_kernel_lacks_take_mlx_ops_there(
+    device, assert_close, tmp_path, head_dim
+):
+    """The CUDA kernel takes D % 64 == 0 up to 256; other even D run MLX's rms_norm and rope on
+    a GPU stream (whose own rope frequencies differ in the last ulp, hence bfloat16 here)."""
+    rng = np.random.default_rng(head_dim)
+    x = _random(rng, (2, 4, 3, head_dim), mx.bfloat16)
+    weight, offsets = _weight_and_offsets(head_dim, 2, 4, mx.bfloat16, rng)
+    out = pagekernels.norm_rope(x, weight, offsets, eps=EPS, base=BASE, stream=device)
+    graph = tmp_path / "graph.dot"
+    mx.export_to_dot(str(graph), out)
+    assert ("NormRope" in graph.read_text()) == (device == mx.cpu)
+    expected = reference.norm_rope(x, weight, offsets, eps=EPS, base=BASE)
+    assert_close(out, expected, tol=NORM_ROPE_TOLERANCE[mx.bfloat16])
+
+
 def test_under_compile_attributes_stay_apart(device, assert_close):
     """A compiled step with two calls that differ only in `base` or `eps` keeps both (the
     primitive compares its attributes), and a second call with new values reuses the graph."""
@@ -197,18 +214,6 @@ CASES = [
         {"base": math.inf}, r"base must be a finite positive number, got inf", id="base-inf"
     ),
 ]
-
-# A head dim only the GPU kernel refuses; a case where MLX has a GPU (the H200 runs this suite).
-if mx.cuda.is_available():
-    CASES += [
-        pytest.param(
-            {"x": mx.zeros((2, 3, 4, 96), dtype=mx.bfloat16),
-             "weight": mx.ones((96,), dtype=mx.bfloat16), "stream": mx.gpu},
-            r"head dim D=96 is not supported by the CUDA kernel; expected a multiple of 64 up "
-            r"to 256 \(the CPU kernel takes any even D\)",
-            id="gpu-head-dim-96",
-        ),
-    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("change", "match"), CASES)

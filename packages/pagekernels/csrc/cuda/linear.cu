@@ -23,15 +23,13 @@
 // (benchmarks/decode_step.py): 4, 8 or 16 warps per CTA time the same within 5 %; splitting K
 // across the CTAs of a thread-block cluster was no faster either, and MLX updates cached graph
 // executables in place, which does not carry a node's cluster configuration over safely (wrong
-// results on the H200). Both were dropped.
-#include <algorithm>
-#include <map>
-#include <mutex>
-
+// results on the H200). Both were dropped. So was splitting K across ordinary CTAs (the last
+// CTA per tile adding the partials, self-resetting arrival counters; 3600b8a): in the traced
+// compiled step the 160-tile o_proj/down_proj launches took 12.7 us per call unsplit against
+// 15.7-17.7 us split 2, 3 or 4 ways, and every other shape got slower too.
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
-#include "cuda/tuning.h"
 
 namespace pagekernels::cuda {
 
@@ -119,22 +117,10 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
   }
 }
 
-// K split across CTAs (blockIdx.y): each CTA stores its partial tile in `partials`, and the
-// last CTA of a column tile to arrive (counted in `arrivals`, the threadFenceReduction pattern)
-// adds them up, writes y and resets its counter to zero for the next launch.
-struct SplitK {
-  float* partials;     // [splits][tiles][kColumns * 8 * kTilesM]; unused when splits == 1
-  unsigned* arrivals;  // [tiles], zero between launches
-  int splits;
-};
-
 template <typename T, int kTilesM>
 __global__ void __launch_bounds__(kThreads)
-    linear_kernel(const T* x, const T* w, OutputParts<T> y, SplitK split, int rows, int columns,
-                  int depth) {
-  constexpr int kTile = kColumns * 8 * kTilesM;  // output elements of one CTA: [m][n]
+    linear_kernel(const T* x, const T* w, OutputParts<T> y, int rows, int columns, int depth) {
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
-  __shared__ bool last_arrival;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int g = lane / 4;
@@ -150,15 +136,11 @@ __global__ void __launch_bounds__(kThreads)
     x_rows[t] = 8 * t + g < rows ? x + int64_t{8 * t + g} * depth + 8 * c : nullptr;
   }
 
-  // This CTA's share of the k blocks, then this warp's share of that.
   float acc[kTilesM][4] = {};
   const int num_blocks = depth / kBlockK;
-  const int per_split = (num_blocks + split.splits - 1) / split.splits;
-  const int split_first = static_cast<int>(blockIdx.y) * per_split;
-  const int split_last = min(split_first + per_split, num_blocks);
-  const int per_warp = (split_last - split_first + kWarps - 1) / kWarps;
-  const int first = split_first + warp * per_warp;
-  const int last = min(first + per_warp, split_last);
+  const int per_warp = (num_blocks + kWarps - 1) / kWarps;
+  const int first = warp * per_warp;
+  const int last = min(first + per_warp, num_blocks);
   for (int b = first; b < last; b += kUnroll) {
     Fragments<kTilesM> f[kUnroll];
 #pragma unroll
@@ -180,77 +162,15 @@ __global__ void __launch_bounds__(kThreads)
     partial[warp][g + 8][8 * t + 2 * c + 1] = acc[t][3];
   }
   __syncthreads();
-  // Element i of the tile is (m, n) = (i / kColumns, i % kColumns): consecutive threads write
-  // consecutive columns of one row.
-  auto cta_sum = [&](int i) {
+  for (int i = threadIdx.x; i < kColumns * 8 * kTilesM; i += kThreads) {
+    const int m = i / kColumns;  // consecutive threads write consecutive columns of one row
+    const int n = i % kColumns;
+    if (m >= rows || n0 + n >= columns) continue;
     float sum = 0.0f;
 #pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][i % kColumns][i / kColumns];
-    return sum;
-  };
-  auto in_matrix = [&](int i) { return i / kColumns < rows && n0 + i % kColumns < columns; };
-  if (split.splits == 1) {
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      if (in_matrix(i)) *y.column(i / kColumns, n0 + i % kColumns) = from_float<T>(cta_sum(i));
-    }
-    return;
+    for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi][n][m];
+    *y.column(m, n0 + n) = from_float<T>(sum);
   }
-  float* mine = split.partials + (int64_t{blockIdx.y} * gridDim.x + blockIdx.x) * kTile;
-  for (int i = threadIdx.x; i < kTile; i += kThreads) mine[i] = cta_sum(i);
-  __threadfence();  // the partial tile is visible device-wide before this CTA counts itself
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last_arrival = atomicAdd(&split.arrivals[blockIdx.x], 1u) == split.splits - 1;
-  }
-  __syncthreads();
-  if (!last_arrival) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < kTile; i += kThreads) {
-    if (!in_matrix(i)) continue;
-    float sum = 0.0f;
-    for (int s = 0; s < split.splits; ++s) {
-      sum += __ldcg(split.partials + (int64_t{s} * gridDim.x + blockIdx.x) * kTile + i);
-    }
-    *y.column(i / kColumns, n0 + i % kColumns) = from_float<T>(sum);
-  }
-  if (threadIdx.x == 0) split.arrivals[blockIdx.x] = 0;
-}
-
-// Zeroed arrival counters for split-K launches: consecutive slices of one ring per device,
-// allocated on first use. Every launch leaves its slice zeroed again; a slice is handed out
-// again only kRingSize counters later, long after the launch that used it has finished.
-unsigned* arrival_counters(Encoder& enc, int tiles) {
-  constexpr int kRingSize = 1 << 16;
-  struct Ring {
-    unsigned* counters = nullptr;
-    int cursor = 0;
-  };
-  static std::mutex mutex;
-  static std::map<int, Ring> rings;
-  const int device = enc.device().cuda_device();
-  std::lock_guard<std::mutex> lock(mutex);
-  Ring& ring = rings[device];
-  if (ring.counters == nullptr) {
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    check_cuda(cudaMalloc(&ring.counters, kRingSize * sizeof(unsigned)), "cudaMalloc(counters)");
-    check_cuda(cudaMemset(ring.counters, 0, kRingSize * sizeof(unsigned)), "cudaMemset");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  if (ring.cursor + tiles > kRingSize) ring.cursor = 0;
-  unsigned* slice = ring.counters + ring.cursor;
-  ring.cursor += tiles;
-  return slice;
-}
-
-// CTAs along K per column tile: where the tiles alone leave resident CTA slots empty (the
-// 2560-wide o_proj and down_proj of Qwen3-4B: 160 tiles on 132 SMs), split K until they fill
-// them, keeping kUnroll blocks per warp. linear_num_splits() > 0 forces a count (benchmarks).
-int plan_splits(int tiles, int k_blocks, int resident_ctas) {
-  const int most = std::max(1, k_blocks / kWarps);
-  if (linear_num_splits() > 0) return std::min(linear_num_splits(), most);
-  if (tiles >= resident_ctas) return 1;
-  const int fill = (resident_ctas + tiles - 1) / tiles;
-  return std::max(1, std::min(fill, k_blocks / (kWarps * kUnroll)));
 }
 
 template <typename T, int kTilesM>
@@ -258,18 +178,8 @@ void launch_linear(Encoder& enc, const T* x, const T* w, OutputParts<T> y, int r
                    int columns, int depth) {
   const KernelInfo info =
       kernel_info(enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>), kThreads, 0);
-  const int tiles = (columns + kColumns - 1) / kColumns;
-  SplitK split{nullptr, nullptr, plan_splits(tiles, depth / kBlockK,
-                                             sm_count(enc) * info.ctas_per_sm)};
-  if (split.splits > 1) {
-    const int64_t tile = int64_t{kColumns} * 8 * kTilesM;
-    mx::array partials = scratch_array(enc, {split.splits * tiles * static_cast<int>(tile)},
-                                       mx::float32);
-    split.partials = mx::gpu_ptr<float>(partials);
-    split.arrivals = arrival_counters(enc, tiles);
-  }
-  add_kernel(enc, info, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(split.splits)),
-             kThreads, 0, x, w, y, split, rows, columns, depth);
+  add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
+             kThreads, 0, x, w, y, rows, columns, depth);
 }
 
 constexpr int kCopyThreads = 256;

@@ -12,7 +12,6 @@ namespace {
 std::atomic<int> g_decode_splits{0};
 std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
-std::atomic<int> g_linear_splits{0};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -41,12 +40,5 @@ int prefill_num_splits() { return g_prefill_splits; }
 void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
-
-void set_linear_num_splits(int n) {
-  check_splits("set_linear_num_splits", n);
-  g_linear_splits = n;
-}
-
-int linear_num_splits() { return g_linear_splits; }
 
 }  // namespace pagekernels::cuda

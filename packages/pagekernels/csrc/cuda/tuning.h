@@ -18,10 +18,4 @@ int prefill_num_splits();
 void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
 
-// CTAs along K per 16-column tile of the linear kernel: 0 = automatic (fill the GPU's resident
-// CTA slots when there are few tiles), n > 0 = n, clamped so every warp gets a k block. Throws
-// std::invalid_argument if n < 0.
-void set_linear_num_splits(int n);
-int linear_num_splits();
-
 }  // namespace pagekernels::cuda

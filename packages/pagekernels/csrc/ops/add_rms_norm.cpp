@@ -1,6 +1,7 @@
 // add_rms_norm: op function (boundary checks) and AddRMSNorm::eval_gpu.
 #include <cmath>
 
+#include "mlx/fast.h"
 #include "ops/checks.h"
 #include "ops/gpu.h"
 #include "pagekernels.h"
@@ -28,12 +29,11 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
     return "eps must be a finite positive number, got " + std::to_string(eps);
   });
   auto stream = mx::to_stream(s);
-  check(stream.device.type != mx::Device::gpu || residual.shape(-1) <= kAddRmsNormMaxWidth, kOp,
-        [&] {
-          return "the GPU kernel takes rows of at most " + std::to_string(kAddRmsNormMaxWidth) +
-                 " elements, got H=" + std::to_string(residual.shape(-1)) +
-                 " (the CPU kernel takes any H)";
-        });
+  if (stream.device == mx::Device::gpu && residual.shape(-1) > kAddRmsNormMaxWidth) {
+    // Rows wider than the CUDA kernel holds in registers run MLX's add and rms_norm.
+    auto sum = mx::add(residual, update, stream);
+    return {sum, mx::fast::rms_norm(sum, weight, eps, stream)};
+  }
   // Rows of H: a reshape, which copies only what cannot be viewed as [rows, H] (the kernels
   // take any row and column strides).
   const int H = residual.shape(-1);

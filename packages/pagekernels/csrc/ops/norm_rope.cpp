@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "mlx/backend/cpu/simd/math.h"
+#include "mlx/fast.h"
 #include "ops/checks.h"
 #include "ops/gpu.h"
 #include "pagekernels.h"
@@ -45,11 +46,11 @@ mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array
   check_finite_positive("eps", eps);
   check_finite_positive("base", base);
   auto stream = mx::to_stream(s);
-  check(stream.device != mx::Device::gpu || gpu_norm_rope_supports_head_dim(head_dim), kOp, [&] {
-          return "head dim D=" + std::to_string(head_dim) +
-                 " is not supported by the CUDA kernel; expected a multiple of 64 up to " +
-                 std::to_string(kNormRopeMaxHeadDim) + " (the CPU kernel takes any even D)";
-        });
+  if (stream.device == mx::Device::gpu && !gpu_norm_rope_supports_head_dim(head_dim)) {
+    // Head dims the CUDA kernel does not take run MLX's own two kernels.
+    auto normed = mx::transpose(mx::fast::rms_norm(x, weight, eps, stream), {0, 2, 1, 3}, stream);
+    return mx::fast::rope(normed, head_dim, false, base, 1.0f, offsets, std::nullopt, stream);
+  }
 
   // x goes in as it is: both kernels read its strides, so a view of a fused QKV projection
   // costs no copy and no Contiguous node.

@@ -321,7 +321,8 @@ def norm_rope(
     Args:
         x: `[B, L, H, D]` float32, float16 or bfloat16; any strides (e.g. a reshaped column
             slice of a fused QKV projection), read without a copy. D even; on a GPU stream
-            `D % 64 == 0` and `D <= 256`.
+            the kernel takes `D % 64 == 0` up to 256, other D run `mx.fast.rms_norm` and
+            `mx.fast.rope`.
         weight: `[D]`, x's dtype (the norm's scale).
         offsets: int32 `[B]`, the position of each row's first token.
         eps: The norm's epsilon, finite and positive.
@@ -332,8 +333,8 @@ def norm_rope(
         `[B, H, L, D]` in x's dtype, row-contiguous.
 
     Raises:
-        ValueError: On wrong ranks, shapes or dtypes, an odd D (or one the GPU kernel does not
-            take, on a GPU stream), or an eps or base that is not finite and positive.
+        ValueError: On wrong ranks, shapes or dtypes, an odd D, or an eps or base that is not
+            finite and positive.
     """
     return _ext.norm_rope(x, weight, offsets, eps=eps, base=base, stream=stream)
 
