@@ -12,7 +12,9 @@ warm-up:
   one row and cuBLASLt otherwise); then the same per weight shape (all of the model's weights of
   that shape in one evaluation), in us per product and GB/s of weights read;
 - `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes;
-- `tiny ops`: `--tiny-ops` dependent one-element additions (about a Qwen3-4B step's operation
+- `primitives`: the uncompiled step's graph by primitive (kernels and views alike);
+- `tiny ops` / `tiny views`: `--tiny-ops` dependent one-element additions, and as many reshapes
+  (a primitive without a kernel), each chain one evaluation (about a Qwen3-4B step's operation
   count): MLX's per-operation cost with no work in it.
 
     python3 benchmarks/decode_step.py --device gpu --json-output out/decode_step.json
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -111,6 +114,15 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         "kernels": kernels,
         "launches": table(by_launch, lambda k: {"kernel": k[0], "grid": list(k[1])}),
     }
+
+
+def _primitive_counts(outputs: list[mx.array]) -> dict[str, int]:
+    """The primitives of the graph behind `outputs` (before evaluation), by name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "graph.dot"
+        mx.export_to_dot(str(path), *outputs)
+        names = re.findall(r'label ="([A-Za-z]+)', path.read_text())
+    return dict(collections.Counter(names).most_common())
 
 
 def _host_and_wall_ms(run: Callable[[], list[mx.array]], steps: int) -> tuple[float, float]:
@@ -231,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     mx.eval(one)
     ops_per_step = args.tiny_ops
 
+    def tiny_views() -> list[mx.array]:
+        x = mx.ones((2, 3), dtype=dtype) + one  # one kernel, then reshapes only
+        for i in range(ops_per_step):
+            x = x.reshape((3, 2) if i % 2 == 0 else (2, 3))
+        return [x]
+
     def tiny_ops() -> list[mx.array]:
         x = one
         for _ in range(ops_per_step):
@@ -269,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         by_shape[f"{shape[0]}x{shape[1]} x{len(group)}"] = per_call
     results["attention"] = _median_ms(attention, args.steps)
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
+    results[f"tiny views x{ops_per_step}"] = _median_ms(tiny_views, args.steps)
+    primitives = _primitive_counts(step())
 
     trace = None
     if args.kernel_trace:
@@ -287,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape, per_call in by_shape.items():
         cells = "  ".join(f"{k}: {v['us']:6.1f} ({v['GB/s']:4.0f})" for k, v in per_call.items())
         print(f"  {shape:<16} {cells}")
+    print(f"  primitives per step: {sum(primitives.values())} " + str(primitives))
     if trace is not None:
         print(
             f"  compiled step: {trace['kernels_per_step']:.0f} kernels, "
@@ -319,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                     "weight_floor_ms": floor_ms,
                     "median_ms": results,
                     "linear_by_shape": by_shape,
+                    "primitives": primitives,
                     "kernel_trace": trace,
                 },
                 indent=2,

@@ -96,8 +96,9 @@ class QuantizedEmbedding : public mx::Primitive {
   const int bits_;
 };
 
-// inputs: x [M, K], weight [N, K] (float16/bfloat16 on the GPU, M <= kLinearMaxRows,
-// K % 64 == 0) -> x @ weight^T split along N: output i is [M, widths[i]].
+// inputs: x [M, K] on CPU streams, x [..., K] on GPU streams (M = x.size() / K), weight [N, K]
+// (float16/bfloat16 on the GPU, M <= kLinearMaxRows, K % 64 == 0) -> x @ weight^T split along
+// N: output i is [M, widths[i]] (CPU) or [..., widths[i]] (GPU).
 class Linear : public mx::Primitive {
  public:
   Linear(mx::Stream stream, std::vector<int> widths)
@@ -115,8 +116,9 @@ class Linear : public mx::Primitive {
   const std::vector<int> widths_;
 };
 
-// inputs: residual [rows, H], update [rows, H] (any strides), weight [H], one float dtype
-// -> (residual + update, rms_norm(residual + update) * weight), each [rows, H] row-major.
+// inputs: residual, update [rows, H] (any strides) on CPU streams, [..., H] on GPU streams;
+// weight [H], one float dtype -> (residual + update, rms_norm(residual + update) * weight), each
+// of residual's shape, row-major.
 class AddRMSNorm : public mx::Primitive {
  public:
   AddRMSNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}

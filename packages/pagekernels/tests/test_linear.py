@@ -89,6 +89,18 @@ def test_views_at_an_offset_and_transposed_weights(device, poison_allocator, ass
     assert_close(out, _oracle(mx.contiguous(x), mx.contiguous(w)))
 
 
+def test_a_transposed_batch_of_rows(device, poison_allocator, assert_close):
+    """x of rank 3 whose rows are not in memory order (the GPU path reads leading dims as rows
+    itself and copies such an x first; the CPU path reshapes it)."""
+    x_t, w = _inputs((3, 2), 48, 128, mx.bfloat16, seed=11)
+    x = x_t.transpose(1, 0, 2)  # [2, 3, 128], strides (128, 256, 1)
+    mx.eval(x_t, w)
+    poison_allocator((2, 3, 48), mx.bfloat16)
+    out = _ext.linear(x, w, use_kernel=True, stream=device)
+    assert out.shape == (2, 3, 48)
+    assert_close(out, _oracle(mx.contiguous(x), w))
+
+
 def test_the_cpu_loop_takes_any_float_rows_and_depth(assert_close):
     """Forced on the CPU, the kernel contract holds without the GPU kernel's limits."""
     x, w = _inputs((20,), 24, 100, mx.float32, seed=7)

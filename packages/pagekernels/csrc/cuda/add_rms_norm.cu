@@ -17,15 +17,11 @@ namespace {
 constexpr int kPerThread = 8;
 constexpr int kMaxThreads = kAddRmsNormMaxWidth / kPerThread;
 
-struct Strided {
-  int64_t row, col;
-};
-
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
-    add_rms_norm_kernel(const T* __restrict__ residual, Strided r, const T* __restrict__ update,
-                        Strided u, const T* __restrict__ weight, int64_t w_col,
-                        T* __restrict__ sum, T* __restrict__ normed, int width, float eps) {
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    add_rms_norm_kernel(const T* __restrict__ residual, const T* __restrict__ update,
+                        const T* __restrict__ weight, T* __restrict__ sum, T* __restrict__ normed,
+                        int width, float eps) {
   __shared__ float warp_sums[kMaxThreads / 32];
   const int64_t row = blockIdx.x;
   float x[kPerThread], w[kPerThread];
@@ -33,9 +29,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int j = 0; j < kPerThread; ++j) {  // element i = j * blockDim.x + threadIdx.x
     const int i = j * blockDim.x + threadIdx.x;
     const bool in = i < width;
-    const float a = in ? to_float(residual[row * r.row + i * r.col]) : 0.0f;
-    const float b = in ? to_float(update[row * u.row + i * u.col]) : 0.0f;
-    w[j] = in ? to_float(weight[i * w_col]) : 0.0f;
+    const float a = in ? to_float(residual[row * width + i]) : 0.0f;
+    const float b = in ? to_float(update[row * width + i]) : 0.0f;
+    w[j] = in ? to_float(weight[i]) : 0.0f;
     x[j] = to_float(from_float<T>(a + b));  // the sum as stored, which the norm reads
   }
   float squares = 0.0f;
@@ -71,13 +67,10 @@ void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::
   enc.set_input_array(weight);
   enc.set_output_array(sum);
   enc.set_output_array(normed);
-  const auto rows = static_cast<unsigned>(residual.shape(0));
-  int width = residual.shape(1);  // <= kAddRmsNormMaxWidth (checked by the op)
+  int width = residual.shape(-1);  // <= kAddRmsNormMaxWidth (the op routes wider rows to MLX)
+  const auto rows = static_cast<unsigned>(residual.size() / width);
   // Whole warps, enough for kPerThread elements each.
   const int threads = std::max(32, (width + 32 * kPerThread - 1) / (32 * kPerThread) * 32);
-  Strided r{residual.strides(0), residual.strides(1)};
-  Strided u{update.strides(0), update.strides(1)};
-  int64_t w_col = weight.strides(0);
   dispatch_float(residual.dtype(), "add_rms_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* rs = mx::gpu_ptr<T>(residual);
@@ -87,8 +80,7 @@ void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::
     T* outs = mx::gpu_ptr<T>(normed);
     const KernelInfo info = kernel_info(
         enc, reinterpret_cast<const void*>(&add_rms_norm_kernel<T>), threads, 0);
-    add_kernel(enc, info, dim3(rows), threads, 0, rs, r, us, u, ws, w_col, sums, outs, width,
-               eps);
+    add_kernel(enc, info, dim3(rows), threads, 0, rs, us, ws, sums, outs, width, eps);
   });
 }
 

@@ -15,6 +15,12 @@ namespace pagekernels::cuda {
 
 namespace mx = mlx::core;
 
+// `a` itself when it is row-major (and 16-byte aligned, if `aligned16`), else a dense row-major
+// copy made by a kernel in the stream's graph. eval_gpu calls these on inputs that the op
+// functions pass as they are (no mx::contiguous node per input on GPU streams).
+mx::array row_major(const mx::array& a, const mx::Stream& s, bool aligned16 = false);
+std::vector<mx::array> row_major(const std::vector<mx::array>& arrays, const mx::Stream& s);
+
 // q [B,Hq,L,D]; k_pages/v_pages [P,Hkv,page_size,D]; block_table int32 [B,max_pages];
 // context_lens int32 [B]; out [B,Hq,L,D] (q's dtype). Chooses decode (L <= 8) or prefill schedule.
 void paged_attention(const mx::array& q, const mx::array& k_pages, const mx::array& v_pages,
@@ -43,13 +49,13 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
                          const mx::array& scales, const mx::array& biases, mx::array& out,
                          int group_size, int bits, const mx::Stream& s);
 
-// x [M, K], weight [N, K] (one dtype, float16/bfloat16; M <= 16, K % 64 == 0; strided or
-// unaligned views are copied first); outputs: x @ weight^T split along N, output i [M, N_i]
-// (at most 4, N_0 + N_1 + ... = N).
+// x [..., K] (M = x.size() / K rows), weight [N, K] (one dtype, float16/bfloat16; M <= 16,
+// K % 64 == 0; strided or unaligned views are copied first); outputs: x @ weight^T split along
+// N, output i [..., N_i] (at most 4, N_0 + N_1 + ... = N).
 void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
             const mx::Stream& s);
 
-// residual/update [rows, H] (any strides), weight [H]; sum and normed [rows, H] row-major.
+// residual/update [..., H] row-major, weight [H]; sum and normed of residual's shape.
 void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::array& weight,
                   mx::array& sum, mx::array& normed, float eps, const mx::Stream& s);
 

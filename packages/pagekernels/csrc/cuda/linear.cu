@@ -182,38 +182,6 @@ void launch_linear(Encoder& enc, const T* x, const T* w, OutputParts<T> y, int r
              kThreads, 0, x, w, y, rows, columns, depth);
 }
 
-constexpr int kCopyThreads = 256;
-
-// dst [rows, cols] row-major = src with element strides (row_stride, col_stride); 2-byte types.
-__global__ void __launch_bounds__(kCopyThreads)
-    copy_strided_kernel(const uint16_t* src, uint16_t* dst, int64_t rows, int64_t cols,
-                        int64_t row_stride, int64_t col_stride) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x;
-  if (i >= rows * cols) return;
-  dst[i] = src[(i / cols) * row_stride + (i % cols) * col_stride];
-}
-
-// `a` itself when its rows are contiguous and start 16-byte aligned (the kernel's vector loads);
-// otherwise a row-major copy in scratch that lives until the graph has run. Model activations
-// and weights take the first branch; views (slices at an offset, transposes) take the second.
-mx::array vector_loadable(Encoder& enc, const mx::array& a) {
-  const bool aligned = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a)) % 16 == 0;
-  if (a.flags().row_contiguous && aligned) return a;
-  mx::array copy = scratch_array(enc, {a.shape(0), a.shape(1)}, a.dtype());
-  int64_t rows = a.shape(0), cols = a.shape(1);
-  int64_t row_stride = a.strides(0), col_stride = a.strides(1);
-  const uint16_t* src = mx::gpu_ptr<uint16_t>(a);
-  uint16_t* dst = mx::gpu_ptr<uint16_t>(copy);
-  const KernelInfo info =
-      kernel_info(enc, reinterpret_cast<const void*>(&copy_strided_kernel), kCopyThreads, 0);
-  enc.set_input_array(a);
-  enc.set_output_array(copy);
-  const auto blocks = static_cast<unsigned>((rows * cols + kCopyThreads - 1) / kCopyThreads);
-  add_kernel(enc, info, dim3(blocks), kCopyThreads, 0, src, dst, rows, cols, row_stride,
-             col_stride);
-  return copy;
-}
-
 }  // namespace
 
 void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::array>& outputs,
@@ -222,9 +190,11 @@ void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::a
   if (x_in.dtype() != mx::float16 && x_in.dtype() != mx::bfloat16) {
     throw std::invalid_argument("[linear] the CUDA kernel takes float16 or bfloat16");
   }
+  // The kernel's 16-byte loads need dense, aligned rows: views (slices at an offset,
+  // transposes) are copied first.
+  const mx::array x = row_major(x_in, s, /*aligned16=*/true);
+  const mx::array weight = row_major(weight_in, s, /*aligned16=*/true);
   auto& enc = mx::cu::get_command_encoder(s);
-  const mx::array x = vector_loadable(enc, x_in);
-  const mx::array weight = vector_loadable(enc, weight_in);
   if (outputs.size() > kMaxParts) {
     throw std::invalid_argument("[linear] the CUDA kernel writes at most " +
                                 std::to_string(kMaxParts) + " parts");
@@ -235,8 +205,8 @@ void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::a
     out.set_data(mx::allocator::malloc(out.nbytes()));
     enc.set_output_array(out);
   }
-  const int rows = x.shape(0);
-  const int depth = x.shape(1);
+  const int depth = weight.shape(1);
+  const int rows = static_cast<int>(x.size() / depth);  // x [..., K]: leading dims are rows
   const int columns = weight.shape(0);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
@@ -246,7 +216,7 @@ void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::a
     ys.count = static_cast<int>(outputs.size());
     for (int p = 0; p < ys.count; ++p) {
       ys.data[p] = mx::gpu_ptr<T>(outputs[p]);
-      ys.start[p + 1] = ys.start[p] + outputs[p].shape(1);
+      ys.start[p + 1] = ys.start[p] + outputs[p].shape(-1);
     }
     if (rows <= 8) {
       launch_linear<T, 1>(enc, xs, ws, ys, rows, columns, depth);

@@ -34,14 +34,21 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
     auto sum = mx::add(residual, update, stream);
     return {sum, mx::fast::rms_norm(sum, weight, eps, stream)};
   }
-  // Rows of H: a reshape, which copies only what cannot be viewed as [rows, H] (the kernels
-  // take any row and column strides).
+  auto primitive = std::make_shared<AddRMSNorm>(stream, eps);
+  const std::vector<mx::Dtype> dtypes{residual.dtype(), residual.dtype()};
+  if (stream.device == mx::Device::gpu) {
+    // eval_gpu reads the leading dims as rows (copying a strided input first): one graph node.
+    auto outputs = mx::array::make_arrays({residual.shape(), residual.shape()}, dtypes, primitive,
+                                          {residual, update, weight});
+    return {outputs[0], outputs[1]};
+  }
+  // The CPU kernel takes [rows, H] with any strides: a reshape, which copies only what cannot
+  // be viewed that way.
   const int H = residual.shape(-1);
   auto rows_of = [&](const mx::array& a) { return mx::reshape(a, {-1, H}, stream); };
-  auto outputs = mx::array::make_arrays(
-      {{residual.size() / std::max(H, 1), H}, {residual.size() / std::max(H, 1), H}},
-      {residual.dtype(), residual.dtype()}, std::make_shared<AddRMSNorm>(stream, eps),
-      {rows_of(residual), rows_of(update), weight});
+  const mx::Shape rows_shape{static_cast<int>(residual.size() / std::max(H, 1)), H};
+  auto outputs = mx::array::make_arrays({rows_shape, rows_shape}, dtypes, primitive,
+                                        {rows_of(residual), rows_of(update), weight});
   return {mx::reshape(outputs[0], residual.shape(), stream),
           mx::reshape(outputs[1], residual.shape(), stream)};
 }
@@ -49,7 +56,8 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
 void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::add_rms_norm(inputs[0], inputs[1], inputs[2], outputs[0], outputs[1], eps_, stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::add_rms_norm(in[0], in[1], in[2], outputs[0], outputs[1], eps_, stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

@@ -149,10 +149,12 @@ inline float resolve_scale(std::string_view op, std::optional<float> scale, int 
   return *scale;
 }
 
-// Kernels index inputs as dense row-major buffers. Already-evaluated row-contiguous arrays pass
-// as they are; others go through mx::contiguous, which shares the buffer when it can.
+// Kernels index inputs as dense row-major buffers. On CPU streams, inputs that are not known to
+// be row-contiguous go through mx::contiguous (which shares the buffer when it can). On GPU
+// streams they pass as they are and eval_gpu copies the rare strided one (cuda::row_major): a
+// decode step would otherwise carry an mx::contiguous node, and its host cost, per input.
 inline mx::array row_contiguous(const mx::array& a, const mx::Stream& s) {
-  if (a.is_available() && a.flags().row_contiguous) return a;
+  if (s.device == mx::Device::gpu || (a.is_available() && a.flags().row_contiguous)) return a;
   return mx::contiguous(a, false, s);
 }
 

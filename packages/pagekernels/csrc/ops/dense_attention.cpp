@@ -48,8 +48,8 @@ void DenseAttention::eval_gpu(const std::vector<mx::array>& inputs,
                               std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::dense_attention(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], scale_, causal_,
-                        stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::dense_attention(in[0], in[1], in[2], in[3], outputs[0], scale_, causal_, stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

@@ -29,7 +29,8 @@ std::pair<mx::array, mx::array> gather_kv(const mx::array& key_pages, const mx::
 void GatherKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::gather_kv(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::gather_kv(in[0], in[1], in[2], in[3], outputs[0], outputs[1], stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

@@ -78,14 +78,24 @@ std::vector<mx::array> project(std::string_view op, const mx::array& x, const mx
     return mx::split(product, boundaries, -1, stream);
   }
   // Strided or offset inputs are handled inside the kernels (eval_cpu reads strides, eval_gpu
-  // copies them first), so the usual contiguous case adds no Contiguous node to the graph.
+  // copies them first), so the usual contiguous case adds no Contiguous node to the graph. On
+  // GPU streams eval_gpu also reads x's leading dims as rows itself: a decode step's projection
+  // is one graph node, with no reshape in or out.
+  const auto dtypes = std::vector<mx::Dtype>(widths.size(), x.dtype());
+  auto linear_op = std::make_shared<Linear>(stream, widths);
+  if (gpu) {
+    std::vector<mx::Shape> shapes;
+    for (int w : widths) {
+      shapes.push_back(x.shape());
+      shapes.back().back() = w;
+    }
+    return mx::array::make_arrays(std::move(shapes), dtypes, linear_op, {x, weight});
+  }
   const int K = weight.shape(1);
   auto rows = mx::reshape(x, {-1, K}, stream);
   std::vector<mx::Shape> shapes;
   for (int w : widths) shapes.push_back({rows.shape(0), w});
-  auto parts = mx::array::make_arrays(std::move(shapes),
-                                      std::vector<mx::Dtype>(widths.size(), x.dtype()),
-                                      std::make_shared<Linear>(stream, widths), {rows, weight});
+  auto parts = mx::array::make_arrays(std::move(shapes), dtypes, linear_op, {rows, weight});
   auto part_shape = x.shape();
   for (size_t i = 0; i < parts.size(); ++i) {
     part_shape.back() = widths[i];

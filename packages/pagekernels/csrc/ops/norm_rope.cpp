@@ -63,7 +63,9 @@ mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array
 void NormRope::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::norm_rope(inputs[0], inputs[1], inputs[2], outputs[0], eps_,
+  // x is read through its strides; weight and offsets are indexed densely.
+  cuda::norm_rope(inputs[0], cuda::row_major(inputs[1], stream()),
+                  cuda::row_major(inputs[2], stream()), outputs[0], eps_,
                   inv_frequencies(inputs[0].shape(3)).data(), stream());
 #else
   throw_no_gpu_kernels(kOp);

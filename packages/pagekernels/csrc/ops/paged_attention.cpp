@@ -42,8 +42,8 @@ void PagedAttention::eval_gpu(const std::vector<mx::array>& inputs,
                               std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::paged_attention(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], outputs[0], scale_,
-                        causal_, stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::paged_attention(in[0], in[1], in[2], in[3], in[4], outputs[0], scale_, causal_, stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

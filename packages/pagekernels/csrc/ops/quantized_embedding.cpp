@@ -84,8 +84,8 @@ void QuantizedEmbedding::eval_gpu(const std::vector<mx::array>& inputs,
                                   std::vector<mx::array>& outputs) {
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::quantized_embedding(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], group_size_,
-                            bits_, stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::quantized_embedding(in[0], in[1], in[2], in[3], outputs[0], group_size_, bits_, stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

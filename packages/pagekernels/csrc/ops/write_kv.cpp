@@ -28,8 +28,8 @@ std::pair<mx::array, mx::array> write_kv(const mx::array& key_pages, const mx::a
   check_dim(kOp, keys, 0, "keys", slot_mapping, 0, "slot_mapping");
 
   auto stream = mx::to_stream(s);
-  // Pools from pagepool are row-contiguous, so row_contiguous() passes them through and the
-  // write lands in the caller's storage; a strided view would be copied first.
+  // Pools from pagepool are row-contiguous, so the write lands in the caller's storage; a
+  // strided view would be copied first (row_contiguous, or cuda::row_major in eval_gpu).
   auto outputs = mx::array::make_arrays(
       {key_pages.shape(), value_pages.shape()}, {key_pages.dtype(), value_pages.dtype()},
       std::make_shared<WriteKV>(stream),
@@ -46,8 +46,8 @@ void WriteKV::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     return;
   }
 #ifdef PAGEKERNELS_WITH_CUDA
-  cuda::write_kv(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], outputs[0], outputs[1],
-                 stream());
+  const auto in = cuda::row_major(inputs, stream());
+  cuda::write_kv(in[0], in[1], in[2], in[3], in[4], outputs[0], outputs[1], stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif
