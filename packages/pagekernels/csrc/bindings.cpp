@@ -101,16 +101,17 @@ NB_MODULE(_ext, m) {
                 "stream: mlx.core.Stream | mlx.core.Device | None = None) "
                 "-> list[mlx.core.array]"),
         "x [..., K] @ weight [N, K]^T split along N into parts of `widths` (summing to N, at "
-        "most 4): one contiguous [..., N_i] array each, the weights streamed once. use_kernel "
-        "as for linear.");
+        "most 4): one [..., N_i] array each (contiguous where the kernel runs, which streams "
+        "the weights once). use_kernel as for linear.");
   m.def("add_rms_norm", &pagekernels::add_rms_norm, "residual"_a, "update"_a, "weight"_a,
         nb::kw_only(), "eps"_a, "stream"_a = nb::none(),
         nb::sig("def add_rms_norm(residual: mlx.core.array, update: mlx.core.array, "
                 "weight: mlx.core.array, *, eps: float, "
                 "stream: mlx.core.Stream | mlx.core.Device | None = None) "
                 "-> tuple[mlx.core.array, mlx.core.array]"),
-        "(residual + update, rms_norm(residual + update) * weight) over the last axis, one "
-        "kernel: residual/update [..., H], weight [H], one float dtype.");
+        "(residual + update, rms_norm(residual + update) * weight) over the last axis in one "
+        "kernel (GPU rows past 8192 elements: MLX's add and rms_norm): residual/update "
+        "[..., H], weight [H], one float dtype.");
   m.attr("linear_max_rows") = pagekernels::kLinearMaxRows;
   m.attr("linear_max_parts") = pagekernels::kLinearMaxParts;
 
@@ -121,5 +122,6 @@ NB_MODULE(_ext, m) {
                 "stream: mlx.core.Stream | mlx.core.Device | None = None) -> mlx.core.array"),
         "RMSNorm (times weight [D]) then non-traditional RoPE of each [D] row of x [B,L,H,D], "
         "at positions offsets[b] + l (int32 [B]), frequencies base^(-2i/D). Returns "
-        "[B,H,L,D] in x's dtype. GPU: D % 64 == 0 up to 256; CPU: any even D.");
+        "[B,H,L,D] in x's dtype. D even; the GPU kernel takes D % 64 == 0 up to 256 (other D "
+        "run MLX's rms_norm and rope there).");
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/gpu_limits.h"
 #include "mlx/array.h"
 #include "mlx/utils.h"
 
@@ -68,13 +69,11 @@ constexpr int kLinearMaxRows = 16;
 mx::array linear(const mx::array& x, const mx::array& weight,
                  std::optional<bool> use_kernel = std::nullopt, mx::StreamOrDevice s = {});
 
-// Outputs one product may be split into: a layer's stacked projections (q, k, v).
-constexpr int kLinearMaxParts = 4;
-
 // linear against weights stacked along N (for example q_proj, k_proj and v_proj in one
 // [Nq + Nk + Nv, K] matrix), returned as one array per block of `widths` (summing to N): the
-// parts of x @ weight^T split along the last axis, each its own contiguous array. The kernel
-// streams the weights once for every part; use_kernel as for linear.
+// parts of x @ weight^T split along the last axis. The kernel streams the weights once for every
+// part and writes each as its own contiguous array (off the kernel's path: mx::split views);
+// use_kernel as for linear.
 std::vector<mx::array> split_linear(const mx::array& x, const mx::array& weight,
                                     const std::vector<int>& widths,
                                     std::optional<bool> use_kernel = std::nullopt,

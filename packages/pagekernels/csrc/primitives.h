@@ -1,7 +1,9 @@
 // The MLX primitives behind the ops in pagekernels.h. Inference only: no jvp/vjp/vmap (the base
 // class throws). eval_cpu lives in csrc/cpu/<op>.cpp, the op function and eval_gpu in
-// csrc/ops/<op>.cpp, the CUDA kernels in csrc/cuda/. Inputs arrive validated and row-contiguous,
-// except the x of Linear and NormRope, whose kernels read strides.
+// csrc/ops/<op>.cpp, the CUDA kernels in csrc/cuda/. Inputs arrive validated. On CPU streams
+// they are row-contiguous except those the CPU kernels read through strides (Linear's x and
+// weight, AddRMSNorm's rows, NormRope's x); on GPU streams they arrive as they are and eval_gpu
+// makes the row-major copies its kernels need (cuda::row_major), except NormRope's x.
 #pragma once
 
 #include <span>

@@ -55,6 +55,35 @@ def test_strided_inputs(device, assert_close):
         assert_close(actual, wanted)
 
 
+def test_rank3_inputs_out_of_memory_order(device, assert_close):
+    """Leading dims that are not in memory order (a transposed batch): the GPU path copies them
+    to row-major itself, the CPU path reshapes."""
+    residual_t, update_t, weight = _inputs((5, 3, 96), mx.float16, seed=6)
+    residual, update = residual_t.transpose(1, 0, 2), update_t.transpose(1, 0, 2)
+    mx.eval(residual_t, update_t, weight)
+    got = pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)
+    expected = reference.add_rms_norm(
+        mx.contiguous(residual), mx.contiguous(update), weight, eps=EPS
+    )
+    for actual, wanted in zip(got, expected, strict=True):
+        assert actual.shape == (3, 5, 96)
+        assert_close(actual, wanted)
+
+
+def test_calls_with_different_eps_stay_apart_under_compile(device, assert_close):
+    """`AddRMSNorm` compares eps: two calls on the same inputs are not merged by `mx.compile`."""
+    inputs = _inputs((2, 128), mx.float32, seed=7)
+
+    def both(*args: mx.array) -> tuple[mx.array, mx.array]:
+        tight = pagekernels.add_rms_norm(*args, eps=1e-6, stream=device)[1]
+        loose = pagekernels.add_rms_norm(*args, eps=10.0, stream=device)[1]
+        return tight, loose
+
+    tight, loose = mx.compile(both)(*inputs)
+    assert_close(tight, reference.add_rms_norm(*inputs, eps=1e-6)[1])
+    assert_close(loose, reference.add_rms_norm(*inputs, eps=10.0)[1])
+
+
 def test_runs_inside_compile(device, assert_close):
     def block(residual: mx.array, update: mx.array, weight: mx.array) -> tuple[mx.array, ...]:
         return pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)

@@ -244,6 +244,23 @@ def test_split_runs_inside_compile(assert_close):
             assert_close(part, expected)
 
 
+def test_splits_with_different_widths_stay_apart_under_compile(device, assert_close):
+    """`Linear` compares widths: the same product split two ways is not merged by `mx.compile`."""
+    x, w = _inputs((4,), 40, 64, mx.bfloat16, seed=15)
+
+    def both(x: mx.array, w: mx.array) -> list[mx.array]:
+        return [
+            *_ext.split_linear(x, w, (24, 16), use_kernel=True, stream=device),
+            *_ext.split_linear(x, w, (16, 24), use_kernel=True, stream=device),
+        ]
+
+    parts = mx.compile(both)(x, w)
+    assert [p.shape for p in parts] == [(4, 24), (4, 16), (4, 16), (4, 24)]
+    expected = [*_parts_oracle(x, w, (24, 16)), *_parts_oracle(x, w, (16, 24))]
+    for part, wanted in zip(parts, expected, strict=True):
+        assert_close(part, wanted)
+
+
 def test_split_reference_backend_is_the_split_equation():
     x, w = _inputs((3,), 20, 64, mx.float32)
     parts = pagekernels.get_backend("reference").split_linear(x, w, (5, 15))

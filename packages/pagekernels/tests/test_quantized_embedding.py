@@ -71,3 +71,13 @@ def test_keeps_the_index_shape(device, assert_close):
     assert out.shape == (2, 3, 4, 128)
     expected = mx.dequantize(weight, scales, biases, group_size=64, bits=8)[cube]
     assert_close(out, expected, tol=1e-6)
+
+
+def test_reads_a_strided_table(device, assert_close):
+    """Every other row of a quantized table (packed words, scales and biases all strided)."""
+    weight, scales, biases = mx.quantize(_table(40, 128, mx.bfloat16, 3), group_size=64, bits=4)
+    rows = (weight[::2], scales[::2], biases[::2])
+    indices = mx.array([0, 7, 19], dtype=mx.int32)
+    expected = mx.dequantize(*[mx.contiguous(a) for a in rows], group_size=64, bits=4)[indices]
+    out = quantized_embedding(indices, *rows, group_size=64, bits=4, stream=device)
+    assert_close(out, expected)

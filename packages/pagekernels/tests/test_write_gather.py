@@ -131,3 +131,19 @@ def test_gather_matches_reference(
     for b, context in enumerate(contexts):  # exact zeros past each row's context
         assert (_host(keys[b, :, context:]) == 0).all()
         assert (_host(values[b, :, context:]) == 0).all()
+
+
+def test_gather_reads_strided_pages_and_broadcast_lengths(device, make_paged, assert_close):
+    """Inputs that are not row-major (a transposed pool, context lengths broadcast from one
+    value) give what their row-major copies give."""
+    case = make_paged(
+        contexts=[20, 20], num_q_heads=2, num_kv_heads=2, query_len=1, head_dim=32, page_size=8
+    )
+    pool_t = mx.contiguous(case.key_pages.transpose(0, 2, 1, 3))  # [P, ps, Hkv, D] in memory
+    key_pages = pool_t.transpose(0, 2, 1, 3)  # [P, Hkv, ps, D] view, not row-major
+    context_lens = mx.broadcast_to(mx.array([20], dtype=mx.int32), (2,))  # stride 0
+    mx.eval(pool_t, context_lens)
+    args = (key_pages, case.value_pages, case.block_table, context_lens, 8)
+    expected = reference.gather_kv(mx.contiguous(key_pages), *args[1:])
+    for got, wanted in zip(gather_kv(*args, stream=device), expected, strict=True):
+        assert_close(got, wanted, tol=0.0)

@@ -198,8 +198,18 @@ def test_missing_shard_is_named(tiny, tmp_path: Path) -> None:
     [
         (lambda w: w.pop("model.norm.weight"), "missing \\['model.norm.weight'\\]"),
         (lambda w: w.update(extra=mx.ones((2,))), "unexpected \\['extra'\\]"),
+        (
+            lambda w: w.pop("model.layers.0.self_attn.v_proj.weight"),
+            "checkpoint has .*k_proj.weight'\\] but not \\['model.layers.0.self_attn.v_proj",
+        ),
+        (
+            lambda w: w.update(
+                {"model.layers.1.mlp.up_proj.weight": w["model.layers.1.mlp.up_proj.weight"][:-1]}
+            ),
+            "checkpoint model.layers.1.mlp.up_proj.weight has 127 rows, expected 128",
+        ),
     ],
-    ids=["missing-tensor", "extra-tensor"],
+    ids=["missing-tensor", "extra-tensor", "missing-stacked-part", "stacked-part-rows"],
 )
 def test_weights_that_do_not_fit_the_config(tiny, tmp_path: Path, edit, match) -> None:
     save_pretrained(*tiny, tmp_path)

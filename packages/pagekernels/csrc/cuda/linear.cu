@@ -30,6 +30,7 @@
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
+#include "kernels/gpu_limits.h"
 
 namespace pagekernels::cuda {
 
@@ -51,7 +52,7 @@ __device__ __forceinline__ uint4 load_streaming(const void* p) {
   return v;
 }
 
-constexpr int kMaxParts = 4;  // kLinearMaxParts
+constexpr int kMaxParts = kLinearMaxParts;
 
 // Where output column n goes: part p holds columns start[p] .. start[p + 1] - 1, row-major.
 template <typename T>

@@ -8,12 +8,13 @@
 
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
+#include "kernels/gpu_limits.h"
 
 namespace pagekernels::cuda {
 
 namespace {
 
-constexpr int kMaxDims = 8;
+constexpr int kMaxDims = kGpuMaxStridedRank;
 constexpr int kThreads = 256;
 
 struct Layout {
@@ -67,18 +68,13 @@ mx::array row_major(const mx::array& a, const mx::Stream& s, bool aligned16) {
   mx::array copy = scratch_array(enc, a.shape(), a.dtype());
   enc.set_input_array(a);
   enc.set_output_array(copy);
+  // The ops take 16-bit floats and 32-bit floats, integers and packed quantized words.
   switch (a.itemsize()) {
-    case 1:
-      launch_copy<uint8_t>(enc, a, copy);
-      break;
     case 2:
       launch_copy<uint16_t>(enc, a, copy);
       break;
     case 4:
       launch_copy<uint32_t>(enc, a, copy);
-      break;
-    case 8:
-      launch_copy<uint64_t>(enc, a, copy);
       break;
     default:
       throw std::logic_error("[pagekernels] unexpected element size in row_major");

@@ -25,9 +25,7 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
   check_same_dtype(kOp, residual, "residual", update, "update");
   check_same_dtype(kOp, residual, "residual", weight, "weight");
   check_dim(kOp, residual, residual.ndim() - 1, "residual", weight, 0, "weight");
-  check(std::isfinite(eps) && eps > 0.0f, kOp, [&] {
-    return "eps must be a finite positive number, got " + std::to_string(eps);
-  });
+  check_finite_positive(kOp, "eps", eps);
   auto stream = mx::to_stream(s);
   if (stream.device == mx::Device::gpu && residual.shape(-1) > kAddRmsNormMaxWidth) {
     // Rows wider than the CUDA kernel holds in registers run MLX's add and rms_norm.
@@ -36,17 +34,18 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
   }
   auto primitive = std::make_shared<AddRMSNorm>(stream, eps);
   const std::vector<mx::Dtype> dtypes{residual.dtype(), residual.dtype()};
-  if (stream.device == mx::Device::gpu) {
+  if (stream.device == mx::Device::gpu && residual.ndim() <= kGpuMaxStridedRank) {
     // eval_gpu reads the leading dims as rows (copying a strided input first): one graph node.
     auto outputs = mx::array::make_arrays({residual.shape(), residual.shape()}, dtypes, primitive,
                                           {residual, update, weight});
     return {outputs[0], outputs[1]};
   }
   // The CPU kernel takes [rows, H] with any strides: a reshape, which copies only what cannot
-  // be viewed that way.
+  // be viewed that way (also for GPU inputs of a rank eval_gpu does not copy).
   const int H = residual.shape(-1);
-  auto rows_of = [&](const mx::array& a) { return mx::reshape(a, {-1, H}, stream); };
-  const mx::Shape rows_shape{static_cast<int>(residual.size() / std::max(H, 1)), H};
+  // An empty row (H = 0) has no -1 to infer: [0, 0] holds the same (zero) elements.
+  const mx::Shape rows_shape{H == 0 ? 0 : static_cast<int>(residual.size() / H), H};
+  auto rows_of = [&](const mx::array& a) { return mx::reshape(a, rows_shape, stream); };
   auto outputs = mx::array::make_arrays({rows_shape, rows_shape}, dtypes, primitive,
                                         {rows_of(residual), rows_of(update), weight});
   return {mx::reshape(outputs[0], residual.shape(), stream),

@@ -132,6 +132,15 @@ inline void check_gpu_head_dim(std::string_view op, const mx::Stream& stream, in
   });
 }
 
+// A float attribute that must be finite and positive (eps, a RoPE base).
+inline void check_finite_positive(std::string_view op, std::string_view name, float value) {
+  check(std::isfinite(value) && value > 0.0f, op, [&] {
+    std::ostringstream os;
+    os << name << " must be a finite positive number, got " << value;
+    return os.str();
+  });
+}
+
 // mask: nullopt -> no mask, "causal" -> causal; anything else is rejected.
 inline bool parse_causal(std::string_view op, const std::optional<std::string>& mask) {
   if (!mask) return false;

@@ -83,7 +83,7 @@ std::vector<mx::array> project(std::string_view op, const mx::array& x, const mx
   // is one graph node, with no reshape in or out.
   const auto dtypes = std::vector<mx::Dtype>(widths.size(), x.dtype());
   auto linear_op = std::make_shared<Linear>(stream, widths);
-  if (gpu) {
+  if (gpu && x.ndim() <= kGpuMaxStridedRank) {
     std::vector<mx::Shape> shapes;
     for (int w : widths) {
       shapes.push_back(x.shape());

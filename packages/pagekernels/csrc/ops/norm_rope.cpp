@@ -18,14 +18,6 @@ namespace {
 
 constexpr std::string_view kOp = "norm_rope";
 
-void check_finite_positive(std::string_view name, float value) {
-  check(std::isfinite(value) && value > 0.0f, kOp, [&] {
-    std::ostringstream os;
-    os << name << " must be a finite positive number, got " << value;
-    return os.str();
-  });
-}
-
 }  // namespace
 
 mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
@@ -43,8 +35,8 @@ mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array
   check_rank(kOp, offsets, "offsets", 1, "[B]");
   check_dtype(kOp, offsets, "offsets", mx::int32);
   check_dim(kOp, x, 0, "x", offsets, 0, "offsets");
-  check_finite_positive("eps", eps);
-  check_finite_positive("base", base);
+  check_finite_positive(kOp, "eps", eps);
+  check_finite_positive(kOp, "base", base);
   auto stream = mx::to_stream(s);
   if (stream.device == mx::Device::gpu && !gpu_norm_rope_supports_head_dim(head_dim)) {
     // Head dims the CUDA kernel does not take run MLX's own two kernels.

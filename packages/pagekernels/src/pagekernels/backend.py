@@ -105,21 +105,23 @@ class KernelBackend(Protocol):
 
     def split_linear(self, x: mx.array, weight: mx.array, widths: Sequence[int]) -> list[mx.array]:
         """`linear` against weights stacked along N, split along the last axis into parts of
-        `widths` (summing to N) -> one `[..., widths[i]]` array per part."""
+        `widths` (summing to N) -> one `[..., widths[i]]` array per part (contiguous where
+        native's kernel runs)."""
         ...
 
     def add_rms_norm(
         self, residual: mx.array, update: mx.array, weight: mx.array, *, eps: float
     ) -> tuple[mx.array, mx.array]:
-        """residual/update `[..., H]`, weight `[H]` -> `(residual + update, its RMSNorm *
-        weight)`, each `[..., H]`."""
+        """residual/update `[..., H]`, weight `[H]`, one dtype (native rejects others) ->
+        `(residual + update, its RMSNorm * weight)`, each `[..., H]`."""
         ...
 
     def norm_rope(
         self, x: mx.array, weight: mx.array, offsets: mx.array, *, eps: float, base: float
     ) -> mx.array:
-        """x `[B, L, H, D]`, weight `[D]`, offsets int32 `[B]` -> RMSNorm(x) * weight rotated by
-        non-traditional RoPE at positions `offsets[b] + l`, `[B, H, L, D]` in x's dtype."""
+        """x `[B, L, H, D]`, weight `[D]` of x's dtype (native rejects others), offsets int32
+        `[B]` -> RMSNorm(x) * weight rotated by non-traditional RoPE at positions
+        `offsets[b] + l`, `[B, H, L, D]` in x's dtype."""
         ...
 
 
@@ -129,8 +131,8 @@ class ModuleBackend:
     Args:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
-            `dense_attention`, `quantized_embedding`, `linear`, `split_linear` and
-            `add_rms_norm` with the protocol's signatures.
+            `dense_attention`, `quantized_embedding`, `linear`, `split_linear`,
+            `add_rms_norm` and `norm_rope` with the protocol's signatures.
 
     Raises:
         AttributeError: If `module` lacks one of the nine ops.

@@ -251,9 +251,9 @@ def split_linear(
 
     A layer's projections that read the same input (q, k and v; gate and up) stack their
     weights into one `[N, K]` matrix; this returns the product's parts of `widths` as separate
-    contiguous arrays, so one kernel streams every weight byte once and no slice or copy
-    follows. Where `linear` takes the kernel, this takes it too; otherwise it is
-    `mx.split(mx.matmul(...))`.
+    arrays. Where `linear` takes the kernel, this takes it too: one kernel streams every weight
+    byte once and writes each part contiguous, so no slice or copy follows. Otherwise it is
+    `mx.split(mx.matmul(...))`, whose parts are strided views.
 
     Args:
         x: `[..., K]` float32, float16 or bfloat16.

@@ -1,5 +1,6 @@
 """The Qwen3 blocks around attention: SwiGLU MLP, the transformer block, and the backbone
-(embedding, blocks, final norm), with Hugging Face parameter names."""
+(embedding, blocks, final norm), with Hugging Face parameter names except the stacked
+`mlp.gate_up_proj` (see `qwen3model.projection`)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ cuBLASLt with a host cost above the weights' streaming time. Parameters, checkpo
 
 `StackedProjection` holds the projections a layer applies to one input (q, k and v; gate and
 up) as one weight stacked along N: one product streams all of them, and `backend.split_linear`
-returns each part as its own contiguous array. Checkpoints keep the parts' names
+returns each part as its own array (contiguous where the kernel runs). Checkpoints keep the parts' names
 (`q_proj.weight`, ...); `stack_checkpoint` and `unstack_checkpoint` convert between the two.
 """
 
@@ -101,8 +101,12 @@ class QuantizedStackedProjection(nn.QuantizedLinear):
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         """Maps `[..., input_dims]` to one `[..., width]` array per part."""
-        boundaries = list(itertools.accumulate(self.parts.values()))[:-1]
-        return mx.split(super().__call__(x), boundaries, axis=-1)
+        return mx.split(super().__call__(x), _boundaries(self.parts), axis=-1)
+
+
+def _boundaries(parts: Mapping[str, int]) -> list[int]:
+    """Where each part after the first starts along N (`mx.split`'s indices)."""
+    return list(itertools.accumulate(parts.values()))[:-1]
 
 
 def _part_name(path: str, part: str, parameter: str) -> str:
@@ -125,17 +129,32 @@ def stack_checkpoint(weights: Mapping[str, mx.array], model: nn.Module) -> dict[
     the stacked name (`...q_proj.weight`, `...k_proj.weight`, `...v_proj.weight` ->
     `...qkv_proj.weight`; likewise `scales` and `biases` of quantized checkpoints).
 
-    Entries for other modules pass through; a stacked projection with only some of its parts
-    in `weights` keeps them under their own names (`apply_weights` then reports them).
+    Entries for other modules pass through; a projection none of whose parts is present is left
+    for `apply_weights` to report.
+
+    Raises:
+        ValueError: Some parts of a stacked projection are present and others not, or a part
+            has another number of rows than the model gives it.
     """
     stacked = dict(weights)
     for path, parts in _stacked_modules(model).items():
         for parameter in _ROW_PARAMETERS:
-            names = [_part_name(path, part, parameter) for part in parts]
-            if all(name in stacked for name in names):
-                stacked[f"{path}.{parameter}"] = mx.concatenate(
-                    [stacked.pop(name) for name in names], axis=0
-                )
+            names = {_part_name(path, part, parameter): width for part, width in parts.items()}
+            present = [name for name in names if name in stacked]
+            if not present:
+                continue
+            if len(present) < len(names):
+                missing = [name for name in names if name not in stacked]
+                raise ValueError(f"checkpoint has {present} but not {missing}")
+            for name, width in names.items():
+                if stacked[name].shape[0] != width:
+                    raise ValueError(
+                        f"checkpoint {name} has {stacked[name].shape[0]} rows, expected {width} "
+                        "(the config's head counts and sizes)"
+                    )
+            stacked[f"{path}.{parameter}"] = mx.concatenate(
+                [stacked.pop(name) for name in names], axis=0
+            )
     return stacked
 
 
@@ -149,7 +168,6 @@ def unstack_checkpoint(weights: Mapping[str, mx.array], model: nn.Module) -> dic
         if parts is None or parameter not in _ROW_PARAMETERS:
             checkpoint[name] = array
             continue
-        boundaries = list(itertools.accumulate(parts.values()))[:-1]
-        for part, piece in zip(parts, mx.split(array, boundaries, axis=0), strict=True):
+        for part, piece in zip(parts, mx.split(array, _boundaries(parts), axis=0), strict=True):
             checkpoint[_part_name(path, part, parameter)] = piece
     return checkpoint
