@@ -224,3 +224,17 @@ def test_storage_created_after_growth_matches_capacity(growable_pool: PagePool) 
     before = snapshot(growable_pool)
     assert storage._grow(4, 8) == 0  # a growth it already covers copies nothing
     assert snapshot(growable_pool) == before and "KVStorage(num_layers=1" in repr(storage)
+
+
+def test_snapshot_restores_the_array_objects_and_step_arrays_lists_them(
+    storage: KVStorage,
+) -> None:
+    before = storage.snapshot()
+    for layer in range(storage.num_layers):
+        storage.update_layer(layer, storage.keys[layer] + 1, storage.values[layer] * 2)
+    listed = storage.step_arrays()
+    assert all(a is b for a, b in zip(listed, [*storage.keys, *storage.values], strict=True))
+    assert all(a is not b for a, b in zip(storage.keys, before[0], strict=True))
+    storage.restore(before)
+    assert all(a is b for a, b in zip(storage.keys, before[0], strict=True))
+    assert all(a is b for a, b in zip(storage.values, before[1], strict=True))

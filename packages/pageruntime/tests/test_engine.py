@@ -201,8 +201,15 @@ def test_engine_checks_the_model() -> None:
         def make_kv_storage(self, pool: PagePool) -> KVStorage:
             return super().make_kv_storage(PagePool(pool.page_size, pool.capacity))
 
-    with pytest.raises(TypeError, match="KVStorage over that pool"):
+    with pytest.raises(TypeError, match=r"must return a KVStore \(pool, .*\) over that pool"):
         Engine(ForeignStorage(), num_pages=8)
+
+    class NotAStore(ContextHashModel):
+        def make_kv_storage(self, pool: PagePool) -> object:
+            return pool  # a PagePool, not a store
+
+    with pytest.raises(TypeError, match="must return a KVStore"):
+        Engine(NotAStore(), num_pages=8)
 
 
 def test_admission_accepts_the_policy_by_name(make_engine) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from pagepool import BatchMetadata, PageList, PagePool
+from pagepool import BatchMetadata, PageCopy, PageList, PagePool
+from pageruntime import KVStore
 from qwen3model import DenseKVStore
 
 
@@ -75,3 +76,14 @@ def test_rows_the_baseline_cannot_follow_are_errors() -> None:
     fork.append(1)
     with pytest.raises(ValueError, match="shares first page"):
         store.begin_step(BatchMetadata.build([b, fork], query_len=1))
+
+
+def test_is_an_engine_kv_store_that_refuses_page_copies() -> None:
+    store, pool = store_and_pool()
+    assert isinstance(store, KVStore) and store.pool is pool
+    store.copy_pages([])  # nothing to do
+    with pytest.raises(ValueError, match="keeps no pages to copy, got 1 copy-on-write"):
+        store.copy_pages([PageCopy(src=0, dst=1)])
+    row = PageList(pool)
+    step(store, [row], 5)
+    assert len(store.step_arrays()) == 2 * 2  # one cache: K and V of two layers

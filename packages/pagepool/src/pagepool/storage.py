@@ -113,6 +113,20 @@ class KVStorage:
         """Bytes held by all K and V arrays."""
         return sum(array.nbytes for array in self._keys + self._values)
 
+    def step_arrays(self) -> list[mx.array]:
+        """Every K and V array, to evaluate a step's writes together with its results."""
+        return [*self._keys, *self._values]
+
+    def snapshot(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """The current array objects (not their data), for `restore`."""
+        return self.keys, self.values
+
+    def restore(self, snapshot: tuple[tuple[mx.array, ...], tuple[mx.array, ...]]) -> None:
+        """Puts back the array objects of `snapshot` (after a step whose arrays failed to
+        evaluate). In-place writes already made to those buffers stay."""
+        for layer, (keys, values) in enumerate(zip(*snapshot, strict=True)):
+            self.update_layer(layer, keys, values)
+
     def update_layer(self, layer: int, keys: mx.array, values: mx.array) -> None:
         """Store layer `layer`'s arrays as returned by the in-place `write_kv` kernel.
 

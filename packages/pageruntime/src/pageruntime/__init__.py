@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pageruntime.engine import Engine
 from pageruntime.errors import KVCapacityExceeded, PageRuntimeError, RequestFailed, RequestRejected
 from pageruntime.logging import LogFormat, configure_logging
-from pageruntime.protocols import Sampler, StepModel
+from pageruntime.protocols import KVStore, Sampler, StepModel
 from pageruntime.request import FinishReason, RequestOutput, TokenEvent
 from pageruntime.sampling import SamplingParams, sample_tokens, token_key
 from pageruntime.scheduler import AdmissionPolicy
@@ -29,6 +29,7 @@ __all__ = [
     "RequestFailed",
     "RequestOutput",
     "RequestRejected",
+    "KVStore",
     "Sampler",
     "SamplingParams",
     "StepModel",

@@ -10,10 +10,10 @@ import operator
 import time
 from collections.abc import Iterable, Sequence
 
-from pagepool import KVStorage, PagePool, pages_for
+from pagepool import PagePool, pages_for
 from pageruntime.errors import RequestRejected
 from pageruntime.events import emit
-from pageruntime.protocols import Sampler, StepModel
+from pageruntime.protocols import KVStore, Sampler, StepModel
 from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
 from pageruntime.runner import StepRunner
 from pageruntime.sampling import SamplingParams, sample_tokens
@@ -43,7 +43,7 @@ class Engine:
         ValueError: A size is not an int >= 1, `admission` is unknown, or the model's
             `max_seq_len` is not an int >= 1 or its `vocab_size` not an int in [1, 2**31].
         TypeError: `model` lacks the `StepModel` members, `sampler` is not callable, or the
-            model's storage is not a `KVStorage` over the engine's pool.
+            model's storage is not a `KVStore` over the engine's pool.
 
     An engine is not thread-safe: drive it (`step`, `stream`, `generate`) from one thread.
 
@@ -90,8 +90,11 @@ class Engine:
         self._vocab_size = model.vocab_size
         self._pool = PagePool(page_size, num_pages)
         self._kv = model.make_kv_storage(self._pool)
-        if not isinstance(self._kv, KVStorage) or self._kv.pool is not self._pool:
-            raise TypeError("model.make_kv_storage(pool) must return a KVStorage over that pool")
+        if not isinstance(self._kv, KVStore) or self._kv.pool is not self._pool:
+            raise TypeError(
+                "model.make_kv_storage(pool) must return a KVStore (pool, copy_pages, "
+                "step_arrays, snapshot, restore) over that pool"
+            )
         self._runner = StepRunner(
             model,
             self._kv,

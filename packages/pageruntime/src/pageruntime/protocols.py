@@ -1,4 +1,5 @@
-"""The two things the engine is given: a model that runs one step, and a sampler.
+"""What the engine is given: a model that runs one step (and makes the K/V store its steps
+write), and a sampler.
 
 The engine never imports a model or a kernel; anything with these methods will do.
 """
@@ -10,10 +11,40 @@ from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
 
-from pagepool import BatchMetadata, KVStorage, PagePool
+from pagepool import BatchMetadata, PageCopy, PagePool
 from pageruntime.sampling import SamplingParams
 
-__all__ = ["Sampler", "StepModel"]
+__all__ = ["KVStore", "Sampler", "StepModel"]
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    """What the engine needs of a model's K/V storage: `pagepool.KVStorage` (pages) is one,
+    and so is any other store (the dense baseline keeps per-request caches).
+
+    Attributes:
+        pool: The engine's page pool the store was made for.
+    """
+
+    @property
+    def pool(self) -> PagePool: ...
+
+    def copy_pages(self, copies: Sequence[PageCopy]) -> None:
+        """Makes the step's copy-on-write copies (`dst` := `src`), lazily, before it runs."""
+        ...
+
+    def step_arrays(self) -> list[mx.array]:
+        """The arrays a step writes; the engine evaluates them with the step's tokens."""
+        ...
+
+    def snapshot(self) -> object:
+        """A token `restore` takes back, taken before a step."""
+        ...
+
+    def restore(self, snapshot: object) -> None:
+        """Returns to `snapshot` after a step whose arrays failed to evaluate (the step's
+        requests all fail, so data they wrote in place may stay)."""
+        ...
 
 
 @runtime_checkable
@@ -32,11 +63,11 @@ class StepModel(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def make_kv_storage(self, pool: PagePool) -> KVStorage:
-        """The K/V page arrays for `pool` (one pair per layer); the engine owns them."""
+    def make_kv_storage(self, pool: PagePool) -> KVStore:
+        """The K/V store for `pool` (pages: a `pagepool.KVStorage`); the engine owns it."""
         ...
 
-    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStore) -> mx.array:
         """Run every layer on `tokens`, writing their K/V at `metadata.slot_mapping`.
 
         Must not synchronise with the host: the engine evaluates once per step.
@@ -45,7 +76,7 @@ class StepModel(Protocol):
             tokens: int32 `[B, L]`; row b's tokens are the last `L` of its context.
                 Padding rows (context length 0) hold 0 and give logits the engine ignores.
             metadata: Page tables of the `B` rows, shared by every layer.
-            kv: The storage to read and write (through `kv.update_layer`).
+            kv: The store `make_kv_storage` returned, to read and write.
 
         Returns:
             `[B, vocab_size]` logits of the last position of every row.

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from pagepool import BatchMetadata, KVStorage
+from pagepool import BatchMetadata
 from pageruntime.events import emit
-from pageruntime.protocols import Sampler, StepModel
+from pageruntime.protocols import KVStore, Sampler, StepModel
 from pageruntime.request import Request
 from pageruntime.scheduler import ScheduledWork, StepPlan
 
@@ -50,7 +50,7 @@ class StepRunner:
     def __init__(
         self,
         model: StepModel,
-        kv: KVStorage,
+        kv: KVStore,
         sampler: Sampler,
         *,
         max_batch_size: int,
@@ -66,7 +66,7 @@ class StepRunner:
     def run(self, plan: StepPlan, step: int) -> StepOutcome:
         """Copy-on-write copies, the decode call, each prefill call, then one evaluation."""
         outcome = StepOutcome()
-        kv_before = (self._kv.keys, self._kv.values)
+        kv_before = self._kv.snapshot()
         try:
             self._kv.copy_pages(plan.copies)
         except Exception as error:
@@ -90,8 +90,7 @@ class StepRunner:
             # step started from. That restores usable arrays, not data: an in-place write_kv
             # (and any copy-on-write copy) changed those same buffers. This is harmless: only
             # pages owned by this step's requests were written, and they all fail and free them.
-            for layer, (keys, values) in enumerate(zip(*kv_before, strict=True)):
-                self._kv.update_layer(layer, keys, values)
+            self._kv.restore(kv_before)
             outcome.failures.append(([work.request for work in plan.works], error))
             return outcome
         requests = [work.request for works, _ in sampled for work in works]
@@ -142,7 +141,7 @@ class StepRunner:
     def _evaluate(self, sampled: Sequence[mx.array]) -> list[int]:
         """The step's one host synchronisation: every sampled token and the written storage."""
         tokens = mx.concatenate(list(sampled)) if sampled else mx.array([], dtype=mx.int32)
-        mx.eval(tokens, self._kv.keys, self._kv.values)
+        mx.eval(tokens, *self._kv.step_arrays())
         return tokens.tolist()
 
 

@@ -9,11 +9,12 @@ that share a first page (forks, prefix sharing), which it cannot represent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from pagepool import BatchMetadata, KVStorage, PagePool
+from pagepool import BatchMetadata, PageCopy, PagePool
 from qwen3model.attention import attend_dense
 
 if TYPE_CHECKING:
@@ -67,11 +68,9 @@ class _RequestCache:
         return self.keys[layer][:, :length, :], self.values[layer][:, :length, :]
 
 
-class DenseKVStore(KVStorage):
-    """K/V of the dense baseline: contiguous per-request caches instead of pages.
-
-    It is a `KVStorage` only so the engine can hand it back to `step`; its page arrays are a
-    one-element-wide stub that nothing reads. `nbytes` reports the dense caches.
+class DenseKVStore:
+    """K/V of the dense baseline: contiguous per-request caches instead of pages (a
+    `pageruntime.KVStore`; the engine's pages only identify rows). `nbytes` reports the caches.
 
     Args:
         pool: The engine's page pool (its page ids identify rows).
@@ -95,11 +94,22 @@ class DenseKVStore(KVStorage):
         dtype: mx.Dtype,
         fill_value: float = 0.0,
     ) -> None:
-        super().__init__(pool, num_layers=1, num_kv_heads=1, head_dim=1, dtype=dtype)
+        self._pool = pool
+        self._dtype = dtype
         self._shape = (num_layers, num_kv_heads, head_dim)
         self._fill_value = fill_value
         self._caches: dict[int, _RequestCache] = {}
         self.peak_nbytes = 0
+
+    @property
+    def pool(self) -> PagePool:
+        """The engine's page pool; a row's first page id names its cache."""
+        return self._pool
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """Cache dtype."""
+        return self._dtype
 
     @property
     def nbytes(self) -> int:
@@ -116,9 +126,28 @@ class DenseKVStore(KVStorage):
         _, Hkv, D = self._shape
         return mx.zeros((Hkv, length, D), self.dtype)
 
-    def cache_arrays(self) -> list[mx.array]:
+    def step_arrays(self) -> list[mx.array]:
         """Every live cache array (to evaluate the step's writes together with its logits)."""
         return [a for cache in self._caches.values() for a in cache.keys + cache.values]
+
+    def copy_pages(self, copies: Sequence[PageCopy]) -> None:
+        """Copy-on-write copies come from shared pages, which the baseline rejects at the step
+        (`begin_step`); a copy here would be a page it cannot represent.
+
+        Raises:
+            ValueError: Any copy.
+        """
+        if copies:
+            raise ValueError(
+                f"the dense baseline keeps no pages to copy, got {len(copies)} copy-on-write "
+                "copies (shared pages: forks or prefix sharing)"
+            )
+
+    def snapshot(self) -> None:
+        """Nothing to take: after a failed step its requests fail and their caches go."""
+
+    def restore(self, snapshot: None) -> None:
+        """See `snapshot`."""
 
     def begin_step(self, metadata: BatchMetadata) -> list[_RequestCache | None]:
         """Finds (or starts) every row's cache and reserves room for its new tokens.

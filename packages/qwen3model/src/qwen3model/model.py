@@ -91,7 +91,9 @@ class Qwen3Model(nn.Module):
         """Activation and K/V dtype (the norms' dtype; quantized layers keep float scales)."""
         return self.model.norm.weight.dtype
 
-    def make_kv_storage(self, pool: PagePool, *, fill_value: float = 0.0) -> KVStorage:
+    def make_kv_storage(
+        self, pool: PagePool, *, fill_value: float = 0.0
+    ) -> KVStorage | DenseKVStore:
         """K/V storage for `pool`: page arrays per layer, or dense caches in `DENSE` mode.
 
         Args:
@@ -108,7 +110,9 @@ class Qwen3Model(nn.Module):
             fill_value=fill_value,
         )
 
-    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage) -> mx.array:
+    def step(
+        self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
+    ) -> mx.array:
         """Runs one scheduler step: stores the new tokens' K/V and returns next-token logits.
 
         Builds no host synchronisation: every array comes from `metadata`, built once.
@@ -148,7 +152,9 @@ class Qwen3Model(nn.Module):
             return embedding.as_linear(hidden).astype(mx.float32)
         return self.backend.linear(hidden, embedding.weight).astype(mx.float32)
 
-    def _step_attention(self, metadata: BatchMetadata, kv: KVStorage) -> StepAttention:
+    def _step_attention(
+        self, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
+    ) -> StepAttention:
         scale = self.args.head_dim**-0.5
         if self.attention_mode is AttentionMode.DENSE:
             if not isinstance(kv, DenseKVStore):
@@ -184,7 +190,7 @@ class Qwen3Model(nn.Module):
         return unstack_checkpoint(dict(tree_flatten(self.parameters())), self)
 
 
-def _check_page_storage(mode: AttentionMode, kv: KVStorage) -> None:
+def _check_page_storage(mode: AttentionMode, kv: KVStorage | DenseKVStore) -> None:
     # A dense cache handed to the paged model is a programming error, never a fallback.
-    if isinstance(kv, DenseKVStore) or not isinstance(kv, KVStorage):
+    if not isinstance(kv, KVStorage):
         raise TypeError(f"{mode.value} attention needs page storage, got {kv!r}")

@@ -7,8 +7,9 @@ cuBLASLt with a host cost above the weights' streaming time. Parameters, checkpo
 
 `StackedProjection` holds the projections a layer applies to one input (q, k and v; gate and
 up) as one weight stacked along N: one product streams all of them, and `backend.split_linear`
-returns each part as its own array (contiguous where the kernel runs). Checkpoints keep the parts' names
-(`q_proj.weight`, ...); `stack_checkpoint` and `unstack_checkpoint` convert between the two.
+returns each part as its own array (contiguous where the kernel runs). Checkpoints keep the
+parts' names (`q_proj.weight`, ...); `stack_checkpoint` and `unstack_checkpoint` convert
+between the two.
 """
 
 from __future__ import annotations
