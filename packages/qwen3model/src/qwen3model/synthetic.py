@@ -56,13 +56,14 @@ SYNTHETIC_CONFIGS: dict[str, ModelArgs] = {
         intermediate_size=768,
         vocab_size=_BYTE_VOCAB,
     ),
-    # For tests: every id is a byte-tokenizer id.
+    # For tests: every id is a byte-tokenizer id; head_dim 64, the smallest the fused CUDA
+    # kernels (norm_rope, tensor-core attention) take, so GPU runs of the suite exercise them.
     "qwen3-tiny": ModelArgs(
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=32,
+        head_dim=64,
         intermediate_size=128,
         vocab_size=_BYTE_VOCAB,
         max_position_embeddings=4096,
