@@ -1,10 +1,12 @@
 """Results JSON -> PNG plots (matplotlib, Agg backend: no display needed).
 
-Understands the three kinds of results this repository writes:
+Understands the four kinds of results this repository writes:
 - `benchmarks/attention.py`: decode latency and K/V bandwidth against context for every path (one
   panel per batch x page size), prefill latency, and `write_kv` against the copy-then-scatter;
 - `qwen3model serve-bench --json-output`: throughput and memory per variant;
-- `benchmarks/admission_sweep.py`: concurrency and throughput against the KV budget.
+- `benchmarks/admission_sweep.py`: concurrency and throughput against the KV budget;
+- `benchmarks/decode_step.py`: one decode step per results file (one commit each), its wall
+  time against its host share and GPU time, and the GPU time by kind of kernel.
 
     .venv/bin/python benchmarks/plot.py out/attention.json out/serving.json --output-dir out/plots
 """
@@ -35,14 +37,16 @@ H200_COPY_GBPS = 4300.0  # measured device-to-device copy (shared/device/README.
 
 
 def detect_kind(document: dict) -> str:
-    """ "attention", "admission_sweep" or "serving" (serve-bench has no `kind` field)."""
-    if document.get("kind") in ("attention", "admission_sweep"):
+    """ "attention", "admission_sweep", "decode_step" or "serving" (serve-bench has no `kind`
+    field)."""
+    if document.get("kind") in ("attention", "admission_sweep", "decode_step"):
         return document["kind"]
     if "results" in document and "trace" in document:
         return "serving"
     raise ValueError(
         f"unrecognised results JSON (top-level keys {sorted(document)}); expected the output of "
-        "benchmarks/attention.py, benchmarks/admission_sweep.py or qwen3model serve-bench"
+        "benchmarks/attention.py, benchmarks/admission_sweep.py, benchmarks/decode_step.py or "
+        "qwen3model serve-bench"
     )
 
 
@@ -193,6 +197,65 @@ def _serving(documents: list[dict], out: Path, stem: str) -> list[Path]:
     return [_save(fig, out / f"{stem}-serving.png", title)]
 
 
+# Kernel name fragment -> the family a decode step's GPU time is reported under (first match).
+KERNEL_FAMILIES = (
+    ("linear_kernel", "projections"),
+    ("attention", "attention + merge"),
+    ("merge_splits", "attention + merge"),
+    ("rms_norm", "norms + RoPE"),
+    ("rope", "norms + RoPE"),
+    ("write_kv", "write_kv"),
+)
+
+
+def _kernel_family(name: str) -> str:
+    return next((family for part, family in KERNEL_FAMILIES if part in name), "other")
+
+
+def _decode_steps(documents: list[dict], out: Path, stem: str) -> list[Path]:
+    """The compiled step's wall time, host share and GPU time per file, and its GPU time by
+    kernel family (files without `--kernel-trace` show their wall times only)."""
+    labels = [(d["provenance"].get("commit") or {}).get("sha", "?")[:7] for d in documents]
+    fig, (left, right) = _panels(2, ncols=2)
+    fig.set_size_inches(max(9.0, 2.4 * len(documents)), 4.0)
+    series = {
+        "step (compiled)": [d["median_ms"].get("step+compile") for d in documents],
+        "host share": [d["median_ms"].get("step+compile host") for d in documents],
+        "GPU time": [
+            d["kernel_trace"]["kernel_us_per_step"] / 1000 if d.get("kernel_trace") else None
+            for d in documents
+        ],
+    }
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        present = [(j, v) for j, v in enumerate(values) if v is not None]
+        bars = left.bar([j + i * width for j, _ in present], [v for _, v in present], width)
+        bars.set_label(name)
+        left.bar_label(bars, fmt="%.2f", fontsize=6)
+    left.axhline(documents[0]["weight_floor_ms"], color="gray", linestyle="--", linewidth=1,
+                 label="weight-streaming floor")  # fmt: skip
+    left.set_xticks([j + width for j in range(len(documents))], labels, fontsize=7)
+    left.set(ylabel="ms", title="decode step: wall, host, GPU")
+    left.legend(fontsize=7)
+    families: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(documents))
+    for j, document in enumerate(documents):
+        for kernel in (document.get("kernel_trace") or {}).get("kernels", []):
+            families[_kernel_family(kernel["kernel"])][j] += kernel["us"] / 1000
+    bottom = [0.0] * len(documents)
+    for family, values in families.items():
+        right.bar(range(len(documents)), values, 0.6, bottom=bottom, label=family)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    right.set_xticks(range(len(documents)), labels, fontsize=7)
+    right.set(ylabel="GPU ms per step", title="GPU time by kernel family")
+    right.legend(fontsize=7)
+    shape = documents[0]["shape"]
+    title = (
+        f"decode step {shape['model']} {shape['dtype']}, batch {shape['batch']} at "
+        f"{shape['context']} tokens - {_subtitle(documents[-1])}"
+    )
+    return [_save(fig, out / f"{stem}-decode-step.png", title)]
+
+
 def _peak_decode_rows(row: dict) -> int:
     # Schema 1 sweeps measured concurrency beside the result; schema 2 results carry it.
     return row["result"].get("peak_decode_rows", row.get("peak_decode_rows"))
@@ -224,12 +287,13 @@ def plot_files(paths: list[Path], output_dir: Path) -> list[Path]:
     """Writes every plot the results files support; returns the PNG paths.
 
     Serving files (serve-bench, mlx_lm_reference) are drawn together in one figure, named after
-    the first of them; attention and admission files get their own figures each.
+    the first of them, and so are decode-step files, in the order given; attention and admission
+    files get their own figures each.
     """
     documents = [(path, json.loads(path.read_text())) for path in paths]
     output_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    serving = []
+    serving, decode_steps = [], []
     for path, document in documents:
         kind = detect_kind(document)
         if kind == "attention":
@@ -237,10 +301,14 @@ def plot_files(paths: list[Path], output_dir: Path) -> list[Path]:
             written += _attention_bars(document, output_dir, path.stem)
         elif kind == "admission_sweep":
             written += _admission(document, output_dir, path.stem)
+        elif kind == "decode_step":
+            decode_steps.append((path, document))
         else:
             serving.append((path, document))
     if serving:
         written += _serving([d for _, d in serving], output_dir, serving[0][0].stem)
+    if decode_steps:
+        written += _decode_steps([d for _, d in decode_steps], output_dir, decode_steps[0][0].stem)
     return written
 
 

@@ -296,3 +296,17 @@ def test_a_wrong_kernel_fails_the_gate_and_is_not_timed(path: str, on_cpu) -> No
     results = attention_worker._attention_cell(_small_shape(2), cfg, off_by_ten_percent, reference)
     assert results[0]["path"] == path and results[0]["status"] == "gate_failed"
     assert not results[0]["gate"]["ok"] and "samples_us" not in results[0]
+
+
+def test_decode_step_plot_from_the_h200_records(tmp_path: Path) -> None:
+    """Committed decode-step results, one from before the host share was measured and one
+    after, draw one figure; kernel names map to the families of its GPU-time panel."""
+    session = Path(__file__).parent / "results" / "h200" / "session3"
+    files = [session / commit / "decode_step.json" for commit in ("bca3df2", "4c02a09")]
+    assert plot.detect_kind(json.loads(files[0].read_text())) == "decode_step"
+    pngs = plot.plot_files(files, tmp_path / "plots")
+    assert [p.name for p in pngs] == ["decode_step-decode-step.png"]
+    assert pngs[0].read_bytes().startswith(PNG_MAGIC)
+    assert plot._kernel_family("void pagekernels::cuda::linear_kernel<bf16, 1>") == "projections"
+    assert plot._kernel_family("mlx::core::cu::rope<bf16>") == "norms + RoPE"
+    assert plot._kernel_family("cutlass_gemm") == "other"
