@@ -200,6 +200,8 @@ def _serving(documents: list[dict], out: Path, stem: str) -> list[Path]:
 # Kernel name fragment -> the family a decode step's GPU time is reported under (first match).
 KERNEL_FAMILIES = (
     ("linear_kernel", "projections"),
+    ("gemm", "projections"),  # mx.matmul's cuBLAS / CUTLASS kernels
+    ("gemv", "projections"),
     ("attention", "attention + merge"),
     ("merge_splits", "attention + merge"),
     ("rms_norm", "norms + RoPE"),
@@ -215,6 +217,9 @@ def _kernel_family(name: str) -> str:
 def _decode_steps(documents: list[dict], out: Path, stem: str) -> list[Path]:
     """The compiled step's wall time, host share and GPU time per file, and its GPU time by
     kernel family (files without `--kernel-trace` show their wall times only)."""
+    shapes = {json.dumps(d["shape"], sort_keys=True) for d in documents}
+    if len(shapes) > 1:
+        raise ValueError(f"decode-step files of different shapes cannot share a figure: {shapes}")
     labels = [(d["provenance"].get("commit") or {}).get("sha", "?")[:7] for d in documents]
     fig, (left, right) = _panels(2, ncols=2)
     fig.set_size_inches(max(9.0, 2.4 * len(documents)), 4.0)

@@ -133,3 +133,24 @@ def test_rows_wider_than_the_gpu_kernel_take_mlx_ops_there(device, assert_close,
     assert ("AddRMSNorm" in graph.read_text()) == (device == mx.cpu)
     for actual, wanted in zip(got, reference.add_rms_norm(*inputs, eps=EPS), strict=True):
         assert_close(actual, wanted, tol=1e-4 if device == mx.gpu else None)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 16)], ids=str)
+def test_empty_inputs_give_empty_outputs(device, shape):
+    residual, update, weight = _inputs(shape, mx.float32)
+    total, normed = pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)
+    assert total.shape == normed.shape == shape
+
+
+def test_rank9_inputs_out_of_memory_order(device, assert_close):
+    """Ranks above what eval_gpu copies itself (8) are reshaped on the host first."""
+    residual_t, update_t, weight = _inputs((1, 1, 1, 1, 1, 1, 2, 3, 64), mx.float32, seed=8)
+    order = (0, 1, 2, 3, 4, 5, 7, 6, 8)
+    residual, update = residual_t.transpose(order), update_t.transpose(order)
+    got = pagekernels.add_rms_norm(residual, update, weight, eps=EPS, stream=device)
+    expected = reference.add_rms_norm(
+        mx.contiguous(residual), mx.contiguous(update), weight, eps=EPS
+    )
+    for actual, wanted in zip(got, expected, strict=True):
+        assert actual.shape == (1, 1, 1, 1, 1, 1, 3, 2, 64)
+        assert_close(actual, wanted)

@@ -101,6 +101,15 @@ def test_a_transposed_batch_of_rows(device, poison_allocator, assert_close):
     assert_close(out, _oracle(mx.contiguous(x), w))
 
 
+def test_rank9_x_out_of_memory_order(device, assert_close):
+    """Ranks above what eval_gpu copies itself (8) are reshaped to rows on the host first."""
+    x_t, w = _inputs((1, 1, 1, 1, 1, 1, 2, 3), 32, 64, mx.bfloat16, seed=16)
+    x = x_t.transpose(0, 1, 2, 3, 4, 5, 7, 6, 8)
+    out = _ext.linear(x, w, use_kernel=True, stream=device)
+    assert out.shape == (1, 1, 1, 1, 1, 1, 3, 2, 32)
+    assert_close(out, _oracle(mx.contiguous(x), w))
+
+
 def test_the_cpu_loop_takes_any_float_rows_and_depth(assert_close):
     """Forced on the CPU, the kernel contract holds without the GPU kernel's limits."""
     x, w = _inputs((20,), 24, 100, mx.float32, seed=7)

@@ -230,3 +230,46 @@ def test_a_model_returning_bad_logits_fails_its_requests(make_engine, reshape, s
     assert output.finish_reason is FinishReason.FAILED
     assert f"logits of shape {shape}, expected [1, 61] ([B, vocab_size])" in str(output.error)
     _assert_pool_empty(engine)
+
+
+class _RecordingStore:
+    """A `KVStore` that is no `KVStorage`: it wraps one and records the engine's calls."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):  # pool, copy_pages, keys, update_layer, ...
+        return getattr(self.inner, name)
+
+    def step_arrays(self):
+        self.calls.append("step_arrays")
+        return self.inner.step_arrays()
+
+    def snapshot(self):
+        self.calls.append("snapshot")
+        return self.inner.snapshot()
+
+    def restore(self, snapshot) -> None:
+        self.calls.append("restore")
+        self.inner.restore(snapshot)
+
+
+def test_any_kv_store_is_snapshotted_and_restored_around_a_failed_step(make_engine) -> None:
+    class WrappedStorage(FailingModel):
+        def make_kv_storage(self, pool):
+            self.store = _RecordingStore(super().make_kv_storage(pool))
+            return self.store
+
+    model = WrappedStorage(_once(lambda md: md.query_len == 1), lazy=True)
+    engine = make_engine(model)
+    request = engine.add_request([1, 2, 3], PARAMS)
+    engine.step()  # prefill: evaluated through step_arrays
+    assert model.store.calls == ["snapshot", "step_arrays"]
+    events = engine.step()  # the first decode fails when evaluated
+    assert model.store.calls[2:] == ["snapshot", "step_arrays", "restore"]
+    assert [e.finish_reason for e in events if e.request_id == request] == [FinishReason.FAILED]
+    assert list(engine.generate([[8, 1]], PARAMS)[0].output_ids) == reference_output(
+        [8, 1], PARAMS, max_seq_len=256
+    )
+    _assert_pool_empty(engine)

@@ -2,7 +2,6 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "mlx/backend/cpu/simd/math.h"
@@ -15,9 +14,7 @@
 namespace pagekernels {
 
 namespace {
-
 constexpr std::string_view kOp = "norm_rope";
-
 }  // namespace
 
 mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,

@@ -7,7 +7,7 @@ The engine never imports a model or a kernel; anything with these methods will d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
 
@@ -37,13 +37,14 @@ class KVStore(Protocol):
         """The arrays a step writes; the engine evaluates them with the step's tokens."""
         ...
 
-    def snapshot(self) -> object:
-        """A token `restore` takes back, taken before a step."""
+    def snapshot(self) -> Any:
+        """A token `restore` takes back, taken before a step (its type is the store's own)."""
         ...
 
-    def restore(self, snapshot: object) -> None:
+    def restore(self, snapshot: Any) -> None:
         """Returns to `snapshot` after a step whose arrays failed to evaluate (the step's
-        requests all fail, so data they wrote in place may stay)."""
+        requests all fail, so data they wrote in place may stay). Must not raise: the engine
+        calls it while handling that failure."""
         ...
 
 

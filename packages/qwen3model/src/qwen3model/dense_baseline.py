@@ -94,12 +94,24 @@ class DenseKVStore:
         dtype: mx.Dtype,
         fill_value: float = 0.0,
     ) -> None:
+        if min(num_layers, num_kv_heads, head_dim) < 1:
+            raise ValueError(
+                f"num_layers, num_kv_heads and head_dim must be >= 1, got {num_layers}, "
+                f"{num_kv_heads} and {head_dim}"
+            )
         self._pool = pool
         self._dtype = dtype
         self._shape = (num_layers, num_kv_heads, head_dim)
         self._fill_value = fill_value
         self._caches: dict[int, _RequestCache] = {}
         self.peak_nbytes = 0
+
+    def __repr__(self) -> str:
+        num_layers, num_kv_heads, head_dim = self._shape
+        return (
+            f"DenseKVStore(num_layers={num_layers}, num_kv_heads={num_kv_heads}, "
+            f"head_dim={head_dim}, dtype={self._dtype}, requests={len(self._caches)})"
+        )
 
     @property
     def pool(self) -> PagePool:
@@ -144,7 +156,8 @@ class DenseKVStore:
             )
 
     def snapshot(self) -> None:
-        """Nothing to take: after a failed step its requests fail and their caches go."""
+        """Nothing to take: after a failed step its requests fail, free their pages, and their
+        caches are dropped at the next `begin_step`."""
 
     def restore(self, snapshot: None) -> None:
         """See `snapshot`."""

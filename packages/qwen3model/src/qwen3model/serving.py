@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from pagepool import BatchMetadata, PagePool, pages_for
-from pageruntime import Engine, KVStore, SamplingParams
+from pagepool import BatchMetadata, KVStorage, PagePool, pages_for
+from pageruntime import Engine, SamplingParams
 from qwen3model.attention import AttentionMode
 from qwen3model.dense_baseline import DenseKVStore
 from qwen3model.model import Qwen3Model
@@ -188,7 +188,7 @@ class _TimedModel:
         self.decode_rows: list[int] = []  # live (unpadded) rows of each decode call
         self.max_tail_waste = 0
         self.pool: PagePool | None = None
-        self.kv: KVStore | None = None
+        self.kv: KVStorage | DenseKVStore | None = None
 
     @property
     def max_seq_len(self) -> int:
@@ -198,11 +198,13 @@ class _TimedModel:
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
-    def make_kv_storage(self, pool: PagePool) -> KVStore:
+    def make_kv_storage(self, pool: PagePool) -> KVStorage | DenseKVStore:
         self.pool, self.kv = pool, self.model.make_kv_storage(pool)
         return self.kv
 
-    def step(self, tokens: mx.array, metadata: BatchMetadata, kv: KVStore) -> mx.array:
+    def step(
+        self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
+    ) -> mx.array:
         start = time.perf_counter()
         logits = self.model.step(tokens, metadata, kv)
         mx.eval(logits, *kv.step_arrays())
