@@ -3,6 +3,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>  // StreamOrDevice is a std::variant
 #include <nanobind/stl/vector.h>
 
@@ -124,4 +125,21 @@ NB_MODULE(_ext, m) {
         "at positions offsets[b] + l (int32 [B]), frequencies base^(-2i/D). Returns "
         "[B,H,L,D] in x's dtype. D even; the GPU kernel takes D % 64 == 0 up to 256 (other D "
         "run MLX's rms_norm and rope there).");
+
+  m.attr("decoder_layer_weights") = pagekernels::kDecoderLayerWeights;
+  m.def("decoder_layer", &pagekernels::decoder_layer, "residual"_a, "pending"_a.none(),
+        "weights"_a, "key_pages"_a, "value_pages"_a, "block_table"_a, "context_lens"_a,
+        "slot_mapping"_a, "offsets"_a, "page_size"_a, nb::kw_only(), "eps"_a, "rope_base"_a,
+        "scale"_a = nb::none(), "stream"_a = nb::none(),
+        nb::sig("def decoder_layer(residual: mlx.core.array, pending: mlx.core.array | None, "
+                "weights: collections.abc.Sequence[mlx.core.array], key_pages: mlx.core.array, "
+                "value_pages: mlx.core.array, block_table: mlx.core.array, "
+                "context_lens: mlx.core.array, slot_mapping: mlx.core.array, "
+                "offsets: mlx.core.array, page_size: int, *, eps: float, rope_base: float, "
+                "scale: float | None = None, "
+                "stream: mlx.core.Stream | mlx.core.Device | None = None) "
+                "-> tuple[mlx.core.array, mlx.core.array, mlx.core.array, mlx.core.array]"),
+        "One pre-norm Qwen3 decoder layer over paged K/V: residual/pending [B, L, H], the "
+        "layer's 8 weights (see pagekernels.h), pages and the step's tables. Returns (h, mlp, "
+        "key_pages, value_pages); a GPU decode step is one graph node.");
 }

@@ -1,4 +1,4 @@
-// The nine pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
+// The ten pagekernels ops (C++ API; bindings.cpp exposes them as pagekernels._ext).
 //
 // Shape letters (B, Hq, Hkv, L, S, D, P, ps, T) as defined in the pagekernels package docstring
 // (src/pagekernels/__init__.py) and the README.
@@ -9,7 +9,9 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kernels/gpu_limits.h"
 #include "mlx/array.h"
@@ -96,5 +98,30 @@ std::pair<mx::array, mx::array> add_rms_norm(const mx::array& residual, const mx
 // finite and positive.
 mx::array norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
                     float eps, float base, mx::StreamOrDevice s = {});
+
+// The weights of one decoder layer, in this order (Hugging Face names; qkv and gate_up stacked
+// along N as split_linear takes them): input_layernorm [H], qkv_proj [Hq*D + 2*Hkv*D, H],
+// q_norm [D], k_norm [D], o_proj [H, Hq*D], post_attention_layernorm [H],
+// gate_up_proj [2*I, H] (gate rows first), down_proj [H, I]. All of one float dtype.
+constexpr int kDecoderLayerWeights = 8;
+
+// One pre-norm Qwen3 decoder layer over paged K/V, for residual [B, L, H] plus pending (the
+// previous layer's MLP output, [B, L, H], or none for the first layer):
+//   h = residual + pending;  x = rms_norm(h) * input_layernorm
+//   q, k, v = split(x @ qkv_proj^T);  q, k = norm_rope(q), norm_rope(k) (q_norm / k_norm, RoPE
+//   at offsets[b] + l);  pages = write_kv(pages, k, v, slot_mapping)
+//   h += paged_attention(q, pages, causal) @ o_proj^T;  x = rms_norm(h) * post_attention_layernorm
+//   gate, up = split(x @ gate_up_proj^T);  mlp = (silu(gate) * up) @ down_proj^T
+// Returns (h, mlp, key_pages, value_pages); the pages are written in place as by write_kv.
+// Hkv and D come from the pages, Hq from qkv_proj's rows. On a GPU stream a decode step (L = 1,
+// float16/bfloat16, B <= kLinearMaxRows, H, I and Hq*D multiples of 64, H <= kAddRmsNormMaxWidth,
+// D a norm_rope kernel head dim) is one graph node that launches the layer's kernels itself;
+// anything else is the same equation composed of the other ops.
+std::tuple<mx::array, mx::array, mx::array, mx::array> decoder_layer(
+    const mx::array& residual, const std::optional<mx::array>& pending,
+    const std::vector<mx::array>& weights, const mx::array& key_pages,
+    const mx::array& value_pages, const mx::array& block_table, const mx::array& context_lens,
+    const mx::array& slot_mapping, const mx::array& offsets, int page_size, float eps,
+    float rope_base, std::optional<float> scale = std::nullopt, mx::StreamOrDevice s = {});
 
 }  // namespace pagekernels

@@ -137,6 +137,10 @@ class AddRMSNorm : public mx::Primitive {
   const float eps_;
 };
 
+// The D/2 RoPE frequencies base^(-2i/D), rounded exactly as MLX's CPU rope rounds them (see
+// ops/norm_rope.cpp); computed once per (D, base), valid for the life of the process.
+std::span<const float> rope_inv_frequencies(int head_dim, float base);
+
 // inputs: x [B, L, H, D] (any strides), weight [D], offsets int32 [B] -> [B, H, L, D]
 class NormRope : public mx::Primitive {
  public:
@@ -155,13 +159,38 @@ class NormRope : public mx::Primitive {
   }
   std::tuple<float, float> state() const { return {eps_, base_}; }
 
-  // The D/2 rotation frequencies base^(-2i/D), rounded exactly as MLX's CPU rope rounds them
-  // (see ops/norm_rope.cpp); computed once per (D, base).
-  std::span<const float> inv_frequencies(int head_dim) const;
-
  private:
   const float eps_;
   const float base_;
+};
+
+// inputs: residual [B, 1, H], pending [B, 1, H] (when has_pending), the kDecoderLayerWeights
+// weights, key_pages, value_pages, block_table, context_lens, slot_mapping, offsets ->
+// (h, mlp, key_pages, value_pages), the pages aliasing the inputs' buffers as WriteKV's do.
+// GPU only: decoder_layer builds it for decode steps on GPU streams and composes the other ops
+// everywhere else, so eval_cpu is never reached.
+class DecoderLayer : public mx::Primitive {
+ public:
+  DecoderLayer(mx::Stream stream, bool has_pending, float eps, float rope_base, float scale)
+      : mx::Primitive(stream),
+        has_pending_(has_pending),
+        eps_(eps),
+        rope_base_(rope_base),
+        scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "DecoderLayer"; }
+  bool is_equivalent(const mx::Primitive&) const override { return false; }  // writes pages
+  std::tuple<bool, float, float, float> state() const {
+    return {has_pending_, eps_, rope_base_, scale_};
+  }
+
+ private:
+  const bool has_pending_;
+  const float eps_;
+  const float rope_base_;
+  const float scale_;
 };
 
 }  // namespace pagekernels

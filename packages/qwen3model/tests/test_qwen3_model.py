@@ -246,18 +246,44 @@ class _CountingBackend:
         return counted
 
 
-def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
+def _count_backend_calls(
+    mode: AttentionMode, *, quantize: bool = False
+) -> tuple[collections.Counter[str], int]:
+    """The backend ops one 3-token prefill step of qwen3-tiny calls, by name, and its layer
+    count."""
     counting = _CountingBackend(get_backend("reference"))
-    model, _ = build_synthetic("qwen3-tiny", backend=counting)
+    model, _ = build_synthetic("qwen3-tiny", backend=counting, attention_mode=mode)
+    if quantize:
+        model.quantize(QuantizationArgs(group_size=64, bits=4))
     pool = PagePool(4, 8)
     kv = model.make_kv_storage(pool)
     row = PageList(pool)
     row.append(3)
     mx.eval(model.step(mx.array([PROMPT[:3]]), BatchMetadata.build([row], query_len=3), kv))
-    layers = model.args.num_hidden_layers
+    return counting.calls, model.args.num_hidden_layers
+
+
+def test_paged_blocks_run_as_one_decoder_layer_op_each() -> None:
+    calls, layers = _count_backend_calls(AttentionMode.PAGED)
+    assert calls["decoder_layer"] == layers
+    assert calls["linear"] == 1  # the LM head
+    assert calls["add_rms_norm"] == 1  # the last block's MLP output with the final norm
+    assert calls["split_linear"] == calls["norm_rope"] == calls["paged_attention"] == 0
+
+
+def test_every_projection_and_the_lm_head_go_through_the_backend() -> None:
+    # The gather ablation runs the separate ops (as quantized paged blocks do).
+    calls, layers = _count_backend_calls(AttentionMode.GATHER)
+    assert calls["decoder_layer"] == 0
     # o and down per layer, then the LM head (tied or not); q/k/v and gate/up stacked.
-    assert counting.calls["linear"] == 2 * layers + 1
-    assert counting.calls["split_linear"] == 2 * layers
+    assert calls["linear"] == 2 * layers + 1
+    assert calls["split_linear"] == 2 * layers
     # Every residual add with the norm after it: two per block, the last one the final norm.
-    assert counting.calls["add_rms_norm"] == 2 * layers
-    assert counting.calls["norm_rope"] == 2 * layers  # queries and keys
+    assert calls["add_rms_norm"] == 2 * layers
+    assert calls["norm_rope"] == 2 * layers  # queries and keys
+
+
+def test_quantized_paged_blocks_run_the_separate_ops() -> None:
+    calls, layers = _count_backend_calls(AttentionMode.PAGED, quantize=True)
+    assert calls["decoder_layer"] == 0
+    assert calls["paged_attention"] == calls["write_kv"] == layers

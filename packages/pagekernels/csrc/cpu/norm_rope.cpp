@@ -35,7 +35,7 @@ void NormRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
   const int64_t rows = static_cast<int64_t>(x.shape(0)) * L * H;
   const int64_t batch_stride = x.strides(0), token_stride = x.strides(1);
   const int64_t head_stride = x.strides(2), element_stride = x.strides(3);
-  const float* inv_freqs = inv_frequencies(D).data();  // cached: outlives the task
+  const float* inv_freqs = rope_inv_frequencies(D, base_).data();  // cached: outlives the task
   cpu::dispatch_float(x.dtype(), name(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     enc.dispatch([xs = x.data<T>(), ws = weight.data<T>(), pos0 = offsets.data<int32_t>(),

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     const int i = j * blockDim.x + threadIdx.x;
     const bool in = i < width;
     const float a = in ? to_float(residual[row * width + i]) : 0.0f;
-    const float b = in ? to_float(update[row * width + i]) : 0.0f;
+    const float b = in && update ? to_float(update[row * width + i]) : 0.0f;
     w[j] = in ? to_float(weight[i]) : 0.0f;
     x[j] = to_float(from_float<T>(a + b));  // the sum as stored, which the norm reads
   }
@@ -56,14 +56,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 
 }  // namespace
 
-void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::array& weight,
+void add_rms_norm(const mx::array& residual, const mx::array* update, const mx::array& weight,
                   mx::array& sum, mx::array& normed, float eps, const mx::Stream& s) {
   NvtxRange range("pagekernels::add_rms_norm");
   auto& enc = mx::cu::get_command_encoder(s);
   sum.set_data(mx::allocator::malloc(sum.nbytes()));
   normed.set_data(mx::allocator::malloc(normed.nbytes()));
   enc.set_input_array(residual);
-  enc.set_input_array(update);
+  if (update) enc.set_input_array(*update);
   enc.set_input_array(weight);
   enc.set_output_array(sum);
   enc.set_output_array(normed);
@@ -74,7 +74,7 @@ void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::
   dispatch_float(residual.dtype(), "add_rms_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* rs = mx::gpu_ptr<T>(residual);
-    const T* us = mx::gpu_ptr<T>(update);
+    const T* us = update ? mx::gpu_ptr<T>(*update) : nullptr;
     const T* ws = mx::gpu_ptr<T>(weight);
     T* sums = mx::gpu_ptr<T>(sum);
     T* outs = mx::gpu_ptr<T>(normed);

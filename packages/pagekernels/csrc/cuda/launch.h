@@ -55,13 +55,26 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
 void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
             const mx::Stream& s);
 
-// residual/update [..., H] row-major, weight [H]; sum and normed of residual's shape.
-void add_rms_norm(const mx::array& residual, const mx::array& update, const mx::array& weight,
+// residual/update [..., H] row-major, weight [H]; sum and normed of residual's shape. No update
+// (nullptr): sum is a copy of residual and normed its RMSNorm.
+void add_rms_norm(const mx::array& residual, const mx::array* update, const mx::array& weight,
                   mx::array& sum, mx::array& normed, float eps, const mx::Stream& s);
 
 // x [B,L,H,D] (any strides; D in {64, 128, 192, 256}); weight [D] (x's dtype); offsets int32 [B];
-// inv_freqs: the D/2 rotation frequencies (NormRope::inv_frequencies); out [B,H,L,D].
+// inv_freqs: the D/2 rotation frequencies (rope_inv_frequencies); out [B,H,L,D].
 void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
                mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s);
+
+// silu(gate) * up, elementwise over [..., N] row-major arrays of one float dtype (in float32,
+// rounded once); out of their shape.
+void silu_multiply(const mx::array& gate, const mx::array& up, mx::array& out,
+                   const mx::Stream& s);
+
+// The DecoderLayer primitive's kernels, in the layer's order (see pagekernels::decoder_layer):
+// inputs as DecoderLayer lists them (pending absent when !has_pending), all row-major;
+// outputs (h, mlp, key_pages, value_pages). inv_freqs as for norm_rope.
+void decoder_layer(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
+                   bool has_pending, float eps, float scale, const float* inv_freqs,
+                   const mx::Stream& s);
 
 }  // namespace pagekernels::cuda

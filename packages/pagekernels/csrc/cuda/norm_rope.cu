@@ -12,7 +12,7 @@
 //
 // Angles: the reference rotates pair i by the float32 product position * f_i, and at positions
 // of 32k one ulp of the angle is 2e-3 rad; the frequencies f_i therefore come from the host
-// (NormRope::inv_frequencies, MLX's own values) as a kernel parameter, and the position, angle
+// (rope_inv_frequencies, MLX's own values) as a kernel parameter, and the position, angle
 // use explicitly rounded float32 operations that the compiler cannot fuse into an FMA.
 #include <algorithm>
 #include <string>

@@ -56,7 +56,7 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   if (all_outputs_empty(outputs)) return;
 #ifdef PAGEKERNELS_WITH_CUDA
   const auto in = cuda::row_major(inputs, stream());
-  cuda::add_rms_norm(in[0], in[1], in[2], outputs[0], outputs[1], eps_, stream());
+  cuda::add_rms_norm(in[0], &in[1], in[2], outputs[0], outputs[1], eps_, stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif

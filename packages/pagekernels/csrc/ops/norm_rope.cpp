@@ -55,7 +55,7 @@ void NormRope::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
   // x is read through its strides; weight and offsets are indexed densely.
   cuda::norm_rope(inputs[0], cuda::row_major(inputs[1], stream()),
                   cuda::row_major(inputs[2], stream()), outputs[0], eps_,
-                  inv_frequencies(inputs[0].shape(3)).data(), stream());
+                  rope_inv_frequencies(inputs[0].shape(3), base_).data(), stream());
 #else
   throw_no_gpu_kernels(kOp);
 #endif
@@ -66,14 +66,14 @@ void NormRope::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
 // own, bit for bit. Its CPU rope (the fallback in mlx/fast.cpp, which the reference runs)
 // computes f_i = exp(float(-i) * float(log(base) / (D/2))) with its CPU exp, which differs from
 // a correctly rounded exp by a few ulps; mlx::core::simd::exp is that function.
-std::span<const float> NormRope::inv_frequencies(int head_dim) const {
+std::span<const float> rope_inv_frequencies(int head_dim, float base) {
   static std::mutex mutex;
   static std::map<std::pair<int, float>, std::vector<float>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = cache.try_emplace({head_dim, base_});
+  auto [it, inserted] = cache.try_emplace({head_dim, base});
   if (inserted) {
     const int half = head_dim / 2;
-    const float log_step = std::log(base_) / static_cast<float>(half);
+    const float log_step = std::log(base) / static_cast<float>(half);
     it->second.resize(half);
     for (int i = 0; i < half; ++i) {
       const mx::simd::Simd<float, 1> exponent(static_cast<float>(-i) * log_step);

@@ -11,10 +11,11 @@ Shape letters, used by every docstring of the package (and the C++ sources):
 - P: physical pages; ps: page size (tokens per page).
 
 The ops (`paged_attention`, `write_kv`, `gather_kv`, `dense_attention`,
-`quantized_embedding`, `linear`, `split_linear`, `add_rms_norm`, `norm_rope`) are the compiled
-kernels of `pagekernels.native`; `pagekernels.reference` holds their readable equations and the
-oracle tolerances (`pagekernels.reference.TOLERANCE`). `with_cuda` is a bool: True when this
-build carries the CUDA kernels (built with `PAGEKERNELS_CUDA=1`).
+`quantized_embedding`, `linear`, `split_linear`, `add_rms_norm`, `norm_rope`,
+`decoder_layer`) are the compiled kernels of `pagekernels.native`; `pagekernels.reference`
+holds their readable equations and the oracle tolerances (`pagekernels.reference.TOLERANCE`).
+`with_cuda` is a bool: True when this build carries the CUDA kernels (built with
+`PAGEKERNELS_CUDA=1`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -22,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 import mlx.core  # noqa: F401  (first: registers mx.array with nanobind before _ext loads)
 
 from pagekernels.backend import (  # noqa: E402
+    DecoderLayerWeights,
     KernelBackend,
     ModuleBackend,
     available_backends,
@@ -29,6 +31,7 @@ from pagekernels.backend import (  # noqa: E402
 )
 from pagekernels.native import (  # noqa: E402
     add_rms_norm,
+    decoder_layer,
     dense_attention,
     gather_kv,
     linear,
@@ -47,11 +50,13 @@ except PackageNotFoundError:  # a source tree on sys.path with a hand-built _ext
     __version__ = "0+source"
 
 __all__ = [
+    "DecoderLayerWeights",
     "KernelBackend",
     "ModuleBackend",
     "__version__",
     "add_rms_norm",
     "available_backends",
+    "decoder_layer",
     "dense_attention",
     "gather_kv",
     "get_backend",

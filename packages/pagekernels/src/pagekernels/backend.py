@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import mlx.core as mx
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "DecoderLayerWeights",
     "KernelBackend",
     "ModuleBackend",
     "available_backends",
@@ -25,8 +26,22 @@ __all__ = [
 ENTRY_POINT_GROUP = "pagekernels.backends"
 
 
+class DecoderLayerWeights(NamedTuple):
+    """One pre-norm Qwen3 decoder layer's weights, all of one float dtype (H: hidden size,
+    I: intermediate size; the projections in `mlx.nn.Linear`'s `[N, K]` layout)."""
+
+    input_layernorm: mx.array  #: `[H]`
+    qkv_proj: mx.array  #: `[Hq*D + 2*Hkv*D, H]`: q_proj, k_proj, v_proj stacked
+    q_norm: mx.array  #: `[D]`
+    k_norm: mx.array  #: `[D]`
+    o_proj: mx.array  #: `[H, Hq*D]`
+    post_attention_layernorm: mx.array  #: `[H]`
+    gate_up_proj: mx.array  #: `[2*I, H]`: gate_proj, then up_proj
+    down_proj: mx.array  #: `[H, I]`
+
+
 class KernelBackend(Protocol):
-    """The nine kernel ops the model calls (shape letters as in `pagekernels`)."""
+    """The ten kernel ops the model calls (shape letters as in `pagekernels`)."""
 
     @property
     def name(self) -> str:
@@ -124,6 +139,30 @@ class KernelBackend(Protocol):
         `offsets[b] + l`, `[B, H, L, D]` in x's dtype."""
         ...
 
+    def decoder_layer(
+        self,
+        residual: mx.array,
+        pending: mx.array | None,
+        weights: DecoderLayerWeights,
+        key_pages: mx.array,
+        value_pages: mx.array,
+        block_table: mx.array,
+        context_lens: mx.array,
+        slot_mapping: mx.array,
+        offsets: mx.array,
+        page_size: int,
+        *,
+        eps: float,
+        rope_base: float,
+        scale: float | None = None,
+    ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """One pre-norm Qwen3 decoder layer over paged K/V (causal): residual and pending (the
+        previous layer's MLP output, or None) `[B, L, H]`, the step's tables as for `write_kv`
+        and `paged_attention`, offsets int32 `[B]` (RoPE position of each row's first token)
+        -> `(h, mlp, key_pages, value_pages)`: the residual stream after attention, the MLP
+        output (which the caller adds), and the pages with this step's K/V written."""
+        ...
+
 
 class ModuleBackend:
     """A `KernelBackend` whose ops are the module-level functions of the same names.
@@ -132,14 +171,15 @@ class ModuleBackend:
         name: The registry name (`KernelBackend.name`).
         module: A module defining `paged_attention`, `write_kv`, `gather_kv`,
             `dense_attention`, `quantized_embedding`, `linear`, `split_linear`,
-            `add_rms_norm` and `norm_rope` with the protocol's signatures.
+            `add_rms_norm`, `norm_rope` and `decoder_layer` with the protocol's signatures.
 
     Raises:
-        AttributeError: If `module` lacks one of the nine ops.
+        AttributeError: If `module` lacks one of the ten ops.
     """
 
     __slots__ = (
         "add_rms_norm",
+        "decoder_layer",
         "dense_attention",
         "gather_kv",
         "linear",
@@ -164,6 +204,7 @@ class ModuleBackend:
         self.split_linear = module.split_linear
         self.add_rms_norm = module.add_rms_norm
         self.norm_rope = module.norm_rope
+        self.decoder_layer = module.decoder_layer
 
     def __repr__(self) -> str:
         return f"ModuleBackend({self.name!r}, {self.module.__name__})"

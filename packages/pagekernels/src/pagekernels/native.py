@@ -14,11 +14,12 @@ from typing import Literal
 import mlx.core as mx
 
 from pagekernels import _ext
-from pagekernels.backend import ModuleBackend
+from pagekernels.backend import DecoderLayerWeights, ModuleBackend
 
 __all__ = [
     "add_rms_norm",
     "backend",
+    "decoder_layer",
     "dense_attention",
     "gather_kv",
     "linear",
@@ -337,6 +338,86 @@ def norm_rope(
             finite and positive.
     """
     return _ext.norm_rope(x, weight, offsets, eps=eps, base=base, stream=stream)
+
+
+def decoder_layer(
+    residual: mx.array,
+    pending: mx.array | None,
+    weights: DecoderLayerWeights,
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    slot_mapping: mx.array,
+    offsets: mx.array,
+    page_size: int,
+    *,
+    eps: float,
+    rope_base: float,
+    scale: float | None = None,
+    stream: StreamOrDevice = None,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """One pre-norm Qwen3 decoder layer over paged K/V, as one graph node for a decode step.
+
+    The equation (`pagekernels.reference.decoder_layer`)::
+
+        h = residual + pending;  x = rms_norm(h) * input_layernorm
+        q, k, v = split(x @ qkv_proj.T);  q, k = norm_rope(q), norm_rope(k)
+        pages = write_kv(pages, k, v, slot_mapping)
+        h = h + paged_attention(q, pages, mask="causal") @ o_proj.T
+        gate, up = split(rms_norm(h) * post_attention_layernorm @ gate_up_proj.T)
+        mlp = (silu(gate) * up) @ down_proj.T
+
+    MLX spends host time on every graph operation (about 5 us with a kernel), and a layer
+    built from the separate ops is a dozen of them plus views. On a GPU stream a decode step
+    (L = 1, float16/bfloat16, B <= 16, H, I and Hq*D multiples of 64, H <= 8192, D a
+    `norm_rope` kernel head dim) is one `DecoderLayer` node that adds the same kernels to the
+    graph itself; SwiGLU's `silu(gate) * up` runs in float32 with one rounding there. Anything
+    else composes the other native ops.
+
+    Args:
+        residual: `[B, L, H]` float32, float16 or bfloat16: the residual stream.
+        pending: The previous layer's MLP output `[B, L, H]` (residual's dtype), or None for
+            the first layer.
+        weights: The layer's weights (`DecoderLayerWeights`), residual's dtype. Hkv and D come
+            from the pages, Hq from `qkv_proj`'s rows.
+        key_pages: `[P, Hkv, page_size, D]`, residual's dtype.
+        value_pages: Same shape and dtype as `key_pages`.
+        block_table: int32 `[B, max_pages]` (as for `paged_attention`).
+        context_lens: int32 `[B]`, keys per row including the L new ones.
+        slot_mapping: int32 `[B * L]`, each new token's slot (as for `write_kv`).
+        offsets: int32 `[B]`, the position of each row's first new token.
+        page_size: Tokens per page; must equal `key_pages.shape[2]`.
+        eps: The norms' epsilon, finite and positive.
+        rope_base: The RoPE base (`rope_theta`), finite and positive.
+        scale: Softmax scale; None means `D ** -0.5`.
+        stream: Stream or device to run on.
+
+    Returns:
+        `(h, mlp, key_pages, value_pages)`: the stream after attention `[B, L, H]`, the MLP
+        output `[B, L, H]` (the caller adds it), and the updated pages (written in place, as
+        `write_kv` does: use them instead of the inputs).
+
+    Raises:
+        ValueError: On shapes or dtypes that do not fit together (naming the weight), or a bad
+            eps, rope_base, scale or page size.
+    """
+    return _ext.decoder_layer(
+        residual,
+        pending,
+        list(weights),
+        key_pages,
+        value_pages,
+        block_table,
+        context_lens,
+        slot_mapping,
+        offsets,
+        page_size,
+        eps=eps,
+        rope_base=rope_base,
+        scale=scale,
+        stream=stream,
+    )
 
 
 #: The `native` entry point of the `pagekernels.backends` group.

@@ -16,13 +16,15 @@ from typing import Literal
 
 import mlx.core as mx
 
-from pagekernels.backend import ModuleBackend
+from pagekernels.backend import DecoderLayerWeights, ModuleBackend
 
 __all__ = [
+    "DECODER_LAYER_TOLERANCE",
     "NORM_ROPE_TOLERANCE",
     "TOLERANCE",
     "add_rms_norm",
     "backend",
+    "decoder_layer",
     "dense_attention",
     "gather_kv",
     "linear",
@@ -48,6 +50,18 @@ TOLERANCE: dict[mx.Dtype, float] = {mx.float32: 1e-5, mx.float16: 2e-2, mx.bfloa
 #: angle as it does (run on a GPU stream, MLX's CUDA rope computes its frequencies otherwise and
 #: can differ from the CPU result by ~1e-3 there: compare on the CPU stream).
 NORM_ROPE_TOLERANCE: dict[mx.Dtype, float] = {**TOLERANCE, mx.bfloat16: 4e-2}
+
+#: How close a `decoder_layer` in a dtype must come to `decoder_layer` below evaluated in
+#: float32 on the same inputs (upcast): `max |actual - exact| <= tol * max |exact|` per output.
+#: A layer rounds four projections' inputs and outputs to the dtype, and their errors compound
+#: elementwise (a small output element can be off by many of its own ulps), so the bound is
+#: relative to the output's scale. This module's own composition in bfloat16 measures up to
+#: 1.1e-2 by it, in float16 9e-4 (qwen3-like widths, random weights).
+DECODER_LAYER_TOLERANCE: dict[mx.Dtype, float] = {
+    mx.float32: 1e-5,
+    mx.float16: 4e-3,
+    mx.bfloat16: 2e-2,
+}
 
 
 def gather_kv(
@@ -263,6 +277,68 @@ def norm_rope(
     return mx.fast.rope(
         normed.transpose(0, 2, 1, 3), D, traditional=False, base=base, scale=1.0, offset=offsets
     )
+
+
+def decoder_layer(
+    residual: mx.array,
+    pending: mx.array | None,
+    weights: DecoderLayerWeights,
+    key_pages: mx.array,
+    value_pages: mx.array,
+    block_table: mx.array,
+    context_lens: mx.array,
+    slot_mapping: mx.array,
+    offsets: mx.array,
+    page_size: int,
+    *,
+    eps: float,
+    rope_base: float,
+    scale: float | None = None,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """One pre-norm Qwen3 decoder layer over paged K/V, composed of this module's ops; see
+    `pagekernels.native.decoder_layer`.
+
+    Args:
+        residual: `[B, L, H]` float.
+        pending: `[B, L, H]` or None.
+        weights: The layer's weights.
+        key_pages: `[P, Hkv, page_size, D]`.
+        value_pages: `[P, Hkv, page_size, D]`.
+        block_table: int32 `[B, max_pages]`.
+        context_lens: int32 `[B]`.
+        slot_mapping: int32 `[B * L]`.
+        offsets: int32 `[B]`.
+        page_size: Tokens per page.
+        eps: The norms' epsilon.
+        rope_base: The RoPE base.
+        scale: Softmax scale; None means `D ** -0.5`.
+
+    Returns:
+        `(h, mlp, key_pages, value_pages)`.
+    """
+    B, L, _ = residual.shape
+    _, Hkv, _, D = key_pages.shape
+    Hq = weights.qkv_proj.shape[0] // D - 2 * Hkv
+    h = residual if pending is None else residual + pending
+    x = mx.fast.rms_norm(h, weights.input_layernorm, eps)
+    q, k, v = split_linear(x, weights.qkv_proj, [Hq * D, Hkv * D, Hkv * D])
+    q = norm_rope(q.reshape(B, L, Hq, D), weights.q_norm, offsets, eps=eps, base=rope_base)
+    k = norm_rope(k.reshape(B, L, Hkv, D), weights.k_norm, offsets, eps=eps, base=rope_base)
+    key_pages, value_pages = write_kv(
+        key_pages,
+        value_pages,
+        k.transpose(0, 2, 1, 3).reshape(B * L, Hkv, D),
+        v.reshape(B * L, Hkv, D),
+        slot_mapping,
+    )
+    attended = paged_attention(
+        q, key_pages, value_pages, block_table, context_lens, page_size, scale=scale, mask="causal"
+    )
+    h = h + linear(attended.transpose(0, 2, 1, 3).reshape(B, L, Hq * D), weights.o_proj)
+    x = mx.fast.rms_norm(h, weights.post_attention_layernorm, eps)
+    gate, up = split_linear(x, weights.gate_up_proj, [weights.gate_up_proj.shape[0] // 2] * 2)
+    mlp = linear(gate * mx.sigmoid(gate) * up, weights.down_proj)
+    return h, mlp, key_pages, value_pages
 
 
 #: The `reference` entry point of the `pagekernels.backends` group.

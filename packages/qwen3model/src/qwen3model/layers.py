@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
+from pagekernels import DecoderLayerWeights
 from qwen3model.attention import Attention, StepAttention
 from qwen3model.config import ModelArgs
+from qwen3model.paged import PagedStepAttention
 from qwen3model.projection import Projection, StackedProjection
 
 if TYPE_CHECKING:
@@ -41,7 +43,9 @@ class TransformerBlock(nn.Module):
 
     Each residual add runs fused with the norm that follows it (`backend.add_rms_norm`), so
     the MLP's output is added by the next block (or the final norm): a block takes the residual
-    stream and the previous block's pending MLP output, and returns its own pair.
+    stream and the previous block's pending MLP output, and returns its own pair. Over pages
+    (`PagedStepAttention`) an unquantized block is one `backend.decoder_layer` call; the
+    gather and dense baselines and quantized blocks run the separate ops below.
     """
 
     def __init__(self, args: ModelArgs, layer_index: int, backend: KernelBackend) -> None:
@@ -63,10 +67,40 @@ class TransformerBlock(nn.Module):
             `(h, mlp_output)`, each `[B, L, hidden]`: the stream after attention and this
             block's MLP output, which the caller adds.
         """
+        weights = self.decoder_layer_weights()
+        if isinstance(attention, PagedStepAttention) and weights is not None:
+            # The whole layer in one backend op (one graph node for a GPU decode step).
+            return attention.decoder_layer(
+                self.self_attn.layer_index,
+                x,
+                pending,
+                weights,
+                offsets,
+                eps=self.input_layernorm.eps,
+                rope_base=self.self_attn.rope_theta,
+            )
         x, normed = _add_norm(self.backend, x, pending, self.input_layernorm)
         attended = self.self_attn(normed, offsets, attention)
         h, normed = _add_norm(self.backend, x, attended, self.post_attention_layernorm)
         return h, self.mlp(normed)
+
+    def decoder_layer_weights(self) -> DecoderLayerWeights | None:
+        """This block's weights for `backend.decoder_layer`; None once its projections are
+        quantized (the separate ops run quantized matmuls)."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not all(isinstance(p, Projection) for p in projections):
+            return None
+        return DecoderLayerWeights(
+            input_layernorm=self.input_layernorm.weight,
+            qkv_proj=attn.qkv_proj.weight,
+            q_norm=attn.q_norm.weight,
+            k_norm=attn.k_norm.weight,
+            o_proj=attn.o_proj.weight,
+            post_attention_layernorm=self.post_attention_layernorm.weight,
+            gate_up_proj=mlp.gate_up_proj.weight,
+            down_proj=mlp.down_proj.weight,
+        )
 
 
 def _add_norm(

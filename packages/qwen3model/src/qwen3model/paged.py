@@ -1,5 +1,6 @@
-"""Step attention over K/V pages: `PagedStepAttention` (write_kv + paged_attention, the serving
-path) and `GatherStepAttention` (write_kv + gather_kv + dense_attention, the ablation)."""
+"""Step attention over K/V pages: `PagedStepAttention` (write_kv + paged_attention, or whole
+decoder layers through `backend.decoder_layer`: the serving path) and `GatherStepAttention`
+(write_kv + gather_kv + dense_attention, the ablation)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import mlx.core as mx
 from qwen3model.attention import attend_dense
 
 if TYPE_CHECKING:
-    from pagekernels import KernelBackend
+    from pagekernels import DecoderLayerWeights, KernelBackend
 
 __all__ = ["GatherStepAttention", "PageArrays", "PagedStepAttention", "StepPages"]
 
@@ -36,17 +37,14 @@ class StepPages(Protocol):
     page_size: int
 
 
-class PagedStepAttention:
-    """Writes each layer's new K/V into its pages, then runs `paged_attention` on the pages.
+class _PagedStore:
+    """What both page-backed step attentions share: the store, the tables, and the K/V write.
 
     Args:
         backend: Kernel backend.
         kv: Per-layer page arrays; updated in place through `update_layer`.
         metadata: The step's block table, context lengths and slot mapping.
         scale: Softmax scale (`head_dim ** -0.5`).
-
-    Attributes:
-        copied_bytes: K/V bytes copied outside the pages this step (always 0 here).
     """
 
     def __init__(
@@ -72,6 +70,21 @@ class PagedStepAttention:
         self.kv.update_layer(layer, key_pages, value_pages)
         return key_pages, value_pages
 
+
+class PagedStepAttention(_PagedStore):
+    """Writes each layer's new K/V into its pages, then runs `paged_attention` on the pages; or
+    runs a whole decoder layer through `backend.decoder_layer` (`decoder_layer`).
+
+    Args:
+        backend: Kernel backend.
+        kv: Per-layer page arrays; updated in place through `update_layer`.
+        metadata: The step's block table, context lengths and slot mapping.
+        scale: Softmax scale (`head_dim ** -0.5`).
+
+    Attributes:
+        copied_bytes: K/V bytes copied outside the pages this step (always 0 here).
+    """
+
     def __call__(self, layer: int, queries: mx.array, keys: mx.array, values: mx.array) -> mx.array:
         """See `StepAttention`."""
         key_pages, value_pages = self.write(layer, keys, values)
@@ -87,8 +100,41 @@ class PagedStepAttention:
             mask="causal",
         )
 
+    def decoder_layer(
+        self,
+        layer: int,
+        residual: mx.array,
+        pending: mx.array | None,
+        weights: DecoderLayerWeights,
+        offsets: mx.array,
+        *,
+        eps: float,
+        rope_base: float,
+    ) -> tuple[mx.array, mx.array]:
+        """Runs layer `layer` on the residual stream `[B, L, H]` plus `pending` (the previous
+        layer's MLP output, or None) with `backend.decoder_layer`, storing its K/V; `offsets`
+        int32 `[B]` is each row's first position. Returns `(h, mlp_output)`."""
+        md = self.metadata
+        h, mlp, key_pages, value_pages = self.backend.decoder_layer(
+            residual,
+            pending,
+            weights,
+            self.kv.keys[layer],
+            self.kv.values[layer],
+            md.block_table,
+            md.context_lens,
+            md.slot_mapping,
+            offsets,
+            md.page_size,
+            eps=eps,
+            rope_base=rope_base,
+            scale=self.scale,
+        )
+        self.kv.update_layer(layer, key_pages, value_pages)
+        return h, mlp
 
-class GatherStepAttention(PagedStepAttention):
+
+class GatherStepAttention(_PagedStore):
     """Writes K/V into pages like the paged path, then gathers each row's pages into a dense
     `[B, Hkv, max_pages * page_size, D]` tensor and runs `dense_attention` on it.
 
