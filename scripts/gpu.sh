@@ -89,10 +89,12 @@ if has_stage profile; then
   timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace \
     --json-output "$OUT/decode_step.json" \
     2>&1 | tee "$OUT/decode_step.log" | tail -n 60
-  # MLX puts at most MLX_MAX_OPS_PER_BUFFER kernels in one CUDA graph (100 on the H200).
-  for ops in ${GRAPH_OPS:-}; do
-    MLX_MAX_OPS_PER_BUFFER=$ops timeout 120 python3 benchmarks/decode_step.py --device gpu \
-      --step-only 2>&1 | tail -n 1 | sed "s/^/MLX_MAX_OPS_PER_BUFFER=$ops: /" | tee -a "$OUT/graph_ops.log"
+  # The compiled step under other MLX settings, one process each: STEP_ENVS is a list of
+  # settings, each VAR=value[,VAR=value...] (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER,
+  # MLX_MAX_MB_PER_BUFFER: when MLX closes and launches a CUDA graph).
+  for setting in ${STEP_ENVS:-}; do
+    env ${setting//,/ } timeout 120 python3 benchmarks/decode_step.py --device gpu --step-only \
+      2>&1 | tail -n 1 | sed "s/^/$setting: /" | tee -a "$OUT/step_envs.log"
   done
   if [ "${NCU:-1}" = 1 ]; then
   section "ncu: small decode shapes"
