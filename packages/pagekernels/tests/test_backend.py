@@ -23,6 +23,7 @@ OPS = [
     "split_linear",
     "add_rms_norm",
     "norm_rope",
+    "decoder_layer",
 ]
 
 
@@ -76,8 +77,8 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
 
             from pagekernels import ModuleBackend
             from pagekernels.reference import (
-                add_rms_norm, dense_attention, gather_kv, linear, norm_rope, paged_attention,
-                quantized_embedding, split_linear, write_kv,
+                add_rms_norm, decoder_layer, dense_attention, gather_kv, linear, norm_rope,
+                paged_attention, quantized_embedding, split_linear, write_kv,
             )
 
             backend = ModuleBackend("third", sys.modules[__name__])

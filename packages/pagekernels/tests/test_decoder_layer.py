@@ -137,6 +137,34 @@ def test_matches_the_exact_equation(
         np.testing.assert_array_equal(actual[~written], old.transpose(0, 2, 1, 3)[~written])
 
 
+def test_padding_rows_write_no_kv(device, make_paged):
+    """A bucketed decode batch's padding row (no pages, context 0, slot -1) writes nothing and
+    attends to nothing; the real rows are unaffected by it."""
+    args = _layer_inputs(
+        make_paged, contexts=(6, 19), query_len=1, page_size=8, dtype=mx.bfloat16, pending=True
+    )
+    padded = dict(args)
+    for name, pad in [
+        ("residual", args["residual"][:1]),
+        ("pending", args["pending"][:1]),
+        ("block_table", mx.full((1, args["block_table"].shape[1]), -1, dtype=mx.int32)),
+        ("context_lens", mx.array([0], dtype=mx.int32)),
+        ("slot_mapping", mx.array([-1], dtype=mx.int32)),
+        ("offsets", mx.array([0], dtype=mx.int32)),
+    ]:
+        padded[name] = mx.concatenate([args[name], pad])
+    kwargs = dict(eps=EPS, rope_base=ROPE_BASE, stream=device)
+    alone = pagekernels.decoder_layer(**args, **kwargs)
+    with_padding = pagekernels.decoder_layer(**padded, **kwargs)
+    # (The attention's split plan depends on the batch: equal up to its rounding, not bits.)
+    for a, b in zip(alone[:2], with_padding[:2], strict=True):
+        np.testing.assert_allclose(
+            np.array(b[:2].astype(mx.float32)), np.array(a.astype(mx.float32)), atol=2e-2, rtol=2e-2
+        )
+    for a, b in zip(alone[2:], with_padding[2:], strict=True):
+        assert mx.array_equal(a, b, equal_nan=True).item()
+
+
 def _upcast(args: dict) -> dict:
     """The same arguments with every float array in float32 (the exact oracle's inputs)."""
 

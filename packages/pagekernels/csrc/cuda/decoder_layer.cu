@@ -4,9 +4,12 @@
 // 1.5 us for a view (benchmarks/decode_step.py, "tiny ops" / "tiny views"). A layer composed of
 // the separate ops is 12 kernel operations and about 10 views, and a Qwen3-4B decode step took
 // longer to build and submit (4.8 ms) than to run on the GPU (3.5 ms). Here eval_gpu adds the
-// same kernels to the graph itself, about 1-2 us each. Intermediates are encoder temporaries;
-// the reshapes between kernels are views made here, not graph nodes. MLX orders the kernels by
-// the buffers each one registers as input and output, as it orders separate operations.
+// kernels to the graph itself: add_rms_norm, the qkv projection, decode_qkv (q/k norm + RoPE
+// and the K/V page writes, one launch), paged attention (+ split merge), o_proj, add_rms_norm,
+// gate_up, and down_proj with SwiGLU in its loads (swiglu_linear): 9 or 10 launches where the
+// separate ops take 12. Intermediates are encoder temporaries; reshapes between kernels are
+// views made here, not graph nodes. MLX orders the kernels by the buffers each one registers
+// as input and output, as it orders separate operations.
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
 
@@ -60,22 +63,18 @@ void decoder_layer(const std::vector<mx::array>& inputs, std::vector<mx::array>&
   const int kv_width = Hkv * D;
   const int q_width = qkv_proj.shape(0) - 2 * kv_width;
   const int Hq = q_width / D;
-  const int I = gate_up_proj.shape(0) / 2;
+  const int I = down_proj.shape(1);
   auto make = [&](mx::Shape shape) { return mx::array(std::move(shape), residual.dtype(), nullptr, {}); };
 
   // Attention: h = residual + pending; h += o_proj(attention(norm_rope(q), pages)).
   mx::array h = make({B, 1, H});
   mx::array x = make({B, 1, H});
   add_rms_norm(residual, pending, input_norm, h, x, eps, s);
-  std::vector<mx::array> qkv{make({B, 1, q_width}), make({B, 1, kv_width}), make({B, 1, kv_width})};
+  std::vector<mx::array> qkv{make({B, 1, q_width + 2 * kv_width})};
   linear(x, qkv_proj, qkv, s);
   mx::array queries = make({B, Hq, 1, D});
-  mx::array keys = make({B, Hkv, 1, D});
-  norm_rope(reshaped(qkv[0], {B, 1, Hq, D}), q_norm, offsets, queries, eps, inv_freqs, s);
-  norm_rope(reshaped(qkv[1], {B, 1, Hkv, D}), k_norm, offsets, keys, eps, inv_freqs, s);
-  // L = 1: [B, Hkv, 1, D] and [B, 1, Hkv * D] are the [T = B, Hkv, D] rows write_kv takes.
-  write_kv(key_pages, value_pages, reshaped(keys, {B, Hkv, D}), reshaped(qkv[2], {B, Hkv, D}),
-           slot_mapping, outputs[2], outputs[3], s);
+  decode_qkv(qkv[0], q_norm, k_norm, offsets, slot_mapping, key_pages, value_pages, queries,
+             outputs[2], outputs[3], eps, inv_freqs, s);
   mx::array attended = make({B, Hq, 1, D});
   paged_attention(queries, outputs[2], outputs[3], block_table, context_lens, attended, scale,
                   /*causal=*/true, s);
@@ -85,16 +84,13 @@ void decoder_layer(const std::vector<mx::array>& inputs, std::vector<mx::array>&
   // MLP: h_out = h + projected; mlp_out = down_proj(silu(gate) * up) of its norm.
   mx::array normed = make({B, 1, H});
   add_rms_norm(h, &projected[0], post_norm, h_out, normed, eps, s);
-  std::vector<mx::array> gate_up{make({B, 1, I}), make({B, 1, I})};
+  std::vector<mx::array> gate_up{make({B, 1, 2 * I})};  // [gate | up] rows
   linear(normed, gate_up_proj, gate_up, s);
-  mx::array activated = make({B, 1, I});
-  silu_multiply(gate_up[0], gate_up[1], activated, s);
-  std::vector<mx::array> mlp{mlp_out};
-  linear(activated, down_proj, mlp, s);
+  swiglu_linear(gate_up[0], down_proj, mlp_out, s);
 
   auto& enc = mx::cu::get_command_encoder(s);
-  for (const mx::array* a : {&h, &x, &qkv[0], &qkv[1], &qkv[2], &queries, &keys, &attended,
-                             &projected[0], &normed, &gate_up[0], &gate_up[1], &activated}) {
+  for (const mx::array* a :
+       {&h, &x, &qkv[0], &queries, &attended, &projected[0], &normed, &gate_up[0]}) {
     enc.add_temporary(*a);
   }
 }

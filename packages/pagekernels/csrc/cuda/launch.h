@@ -55,6 +55,12 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
 void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
             const mx::Stream& s);
 
+// A SwiGLU MLP's down projection: out [..., N] = (silu(gate) * up) @ weight^T for gate_up
+// [..., 2K] = [gate | up] rows and weight [N, K] (as for linear); the activation is computed in
+// float32 and rounded once to the dtype, inside the kernel's loads.
+void swiglu_linear(const mx::array& gate_up, const mx::array& weight, mx::array& out,
+                   const mx::Stream& s);
+
 // residual/update [..., H] row-major, weight [H]; sum and normed of residual's shape. No update
 // (nullptr): sum is a copy of residual and normed its RMSNorm.
 void add_rms_norm(const mx::array& residual, const mx::array* update, const mx::array& weight,
@@ -65,10 +71,17 @@ void add_rms_norm(const mx::array& residual, const mx::array* update, const mx::
 void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
                mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s);
 
-// silu(gate) * up, elementwise over [..., N] row-major arrays of one float dtype (in float32,
-// rounded once); out of their shape.
-void silu_multiply(const mx::array& gate, const mx::array& up, mx::array& out,
-                   const mx::Stream& s);
+
+// A decode step's (L = 1) q/k/v after the qkv projection, one launch: qkv [B, 1, (Hq + 2 Hkv) * D]
+// row-major; q_norm/k_norm [D]; offsets/slot_mapping int32 [B]; pages [P, Hkv, ps, D] (D % 64
+// == 0 up to 256). Writes queries [B, Hq, 1, D] (normed, rotated), the keys (normed, rotated)
+// and values into their slots in place (k_out/v_out alias the pages; negative and
+// out-of-storage slots skipped). inv_freqs as for norm_rope.
+void decode_qkv(const mx::array& qkv, const mx::array& q_norm, const mx::array& k_norm,
+                const mx::array& offsets, const mx::array& slot_mapping,
+                const mx::array& key_pages, const mx::array& value_pages, mx::array& queries,
+                mx::array& k_out, mx::array& v_out, float eps, const float* inv_freqs,
+                const mx::Stream& s);
 
 // The DecoderLayer primitive's kernels, in the layer's order (see pagekernels::decoder_layer):
 // inputs as DecoderLayer lists them (pending absent when !has_pending), all row-major;

@@ -20,6 +20,7 @@
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
+#include "cuda/norm_rope_row.cuh"
 #include "kernels/gpu_limits.h"
 
 namespace pagekernels::cuda {
@@ -29,92 +30,27 @@ namespace {
 constexpr int kWarps = 4;  // rows per CTA
 constexpr int kThreads = 32 * kWarps;
 
-// 512 bytes of kernel parameters: the graph node owns its copy, so no device buffer to manage.
-struct Frequencies {
-  float inv[kNormRopeMaxHeadDim / 2];
-};
-
 // Element strides of x [B, L, H, D].
 struct Strides {
   int64_t batch, token, head, element;
 };
 
-constexpr bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// N elements moved as one access of N * sizeof(T) bytes (N a power of two, address aligned).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-template <typename T, int N, bool kVector>
-__device__ __forceinline__ void load_float(const T* p, int64_t stride, float (&out)[N]) {
-  if constexpr (kVector) {
-    const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
-#pragma unroll
-    for (int k = 0; k < N; ++k) out[k] = to_float(pack.v[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < N; ++k) out[k] = to_float(p[k * stride]);
-  }
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
-  if constexpr (is_power_of_two(N)) {
-    Pack<T, N> pack;
-#pragma unroll
-    for (int k = 0; k < N; ++k) pack.v[k] = from_float<T>(in[k]);
-    *reinterpret_cast<Pack<T, N>*>(p) = pack;
-  } else {
-#pragma unroll
-    for (int k = 0; k < N; ++k) p[k] = from_float<T>(in[k]);
-  }
-}
-
 template <typename T, int kHeadDim, bool kVector>
 __global__ void __launch_bounds__(kThreads)
     norm_rope_kernel(const T* x, const T* weight, const int32_t* offsets, T* out,
                      Strides strides, int L, int H, int64_t rows, float eps, Frequencies freqs) {
-  constexpr int kHalf = kHeadDim / 2;
-  constexpr int kPerLane = kHalf / 32;
-  __shared__ float inv_freq[kHalf];
-  for (int i = threadIdx.x; i < kHalf; i += kThreads) inv_freq[i] = freqs.inv[i];
-  __syncthreads();
+  __shared__ float inv_freq[kHeadDim / 2];
+  load_frequencies<kHeadDim>(freqs, inv_freq);
 
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps: every lane of a warp has the same row
   const int h = static_cast<int>(row % H);
   const int l = static_cast<int>(row / H % L);
   const int64_t b = row / H / L;
-  const int first = (threadIdx.x % 32) * kPerLane;
-
-  const T* src = x + b * strides.batch + l * strides.token + h * strides.head +
-                 first * strides.element;
-  float lo[kPerLane], hi[kPerLane];
-  load_float<T, kPerLane, kVector>(src, strides.element, lo);
-  load_float<T, kPerLane, kVector>(src + kHalf * strides.element, strides.element, hi);
-
-  float sum_squares = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) sum_squares += lo[k] * lo[k] + hi[k] * hi[k];
-  sum_squares = group_sum<32>(sum_squares);
-  const float r = 1.0f / sqrtf(sum_squares * (1.0f / kHeadDim) + eps);
   const float position = __fadd_rn(static_cast<float>(l), static_cast<float>(offsets[b]));
-
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int i = first + k;
-    const float x1 = lo[k] * r * to_float(weight[i]);
-    const float x2 = hi[k] * r * to_float(weight[i + kHalf]);
-    float sin_t, cos_t;
-    sincosf(__fmul_rn(position, inv_freq[i]), &sin_t, &cos_t);
-    lo[k] = x1 * cos_t - x2 * sin_t;
-    hi[k] = x1 * sin_t + x2 * cos_t;
-  }
-  T* dst = out + ((b * H + h) * L + l) * kHeadDim + first;
-  store_float<T, kPerLane>(dst, lo);
-  store_float<T, kPerLane>(dst + kHalf, hi);
+  norm_rope_row<T, kHeadDim, kVector>(
+      x + b * strides.batch + l * strides.token + h * strides.head, strides.element, weight,
+      position, inv_freq, eps, out + ((b * H + h) * L + l) * kHeadDim);
 }
 
 // Whether every lane's N elements of every row of x can be read as one aligned access.
