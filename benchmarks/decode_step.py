@@ -91,11 +91,17 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
+    kernel_events = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    # Each step's kernels, first start to last end: kernel time plus the GPU's idle gaps between
+    # them (launch latency between dependent nodes, waits for the host's next graph).
+    per_step = len(kernel_events) // steps
+    spans = [
+        max(e["ts"] + e["dur"] for e in chunk) - chunk[0]["ts"]
+        for chunk in (kernel_events[i * per_step : (i + 1) * per_step] for i in range(steps))
+    ]
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     by_launch: dict[tuple[str, tuple[int, ...]], list[float]] = collections.defaultdict(list)
-    for event in events:
-        if event.get("cat") != "kernel":
-            continue
+    for event in kernel_events:
         grid = tuple(event.get("args", {}).get("grid", ()))
         by_name[event["name"]].append(event["dur"])
         by_launch[event["name"], grid].append(event["dur"])
@@ -110,6 +116,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     kernels = table(by_name, lambda name: {"kernel": name})
     return {
         "kernel_us_per_step": sum(k["us"] for k in kernels),
+        "gpu_span_us_per_step": statistics.median(spans),
         "kernels_per_step": sum(k["calls"] for k in kernels),
         "kernels": kernels,
         "launches": table(by_launch, lambda k: {"kernel": k[0], "grid": list(k[1])}),
@@ -314,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     if trace is not None:
         print(
             f"  compiled step: {trace['kernels_per_step']:.0f} kernels, "
-            f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step; top 15:"
+            f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step, "
+            f"first kernel start to last end {trace['gpu_span_us_per_step'] / 1000:.3f} ms; top 15:"
         )
         for k in trace["kernels"][:15]:
             print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")

@@ -102,8 +102,8 @@ def test_a_third_provider_registers_through_an_entry_point(tmp_path, monkeypatch
 
 def test_public_api():
     assert sorted(pagekernels.__all__) == sorted(
-        [*OPS, "DecoderLayerWeights", "KernelBackend", "ModuleBackend", "__version__", "available_backends",
-         "get_backend", "validate_paged_metadata", "with_cuda"]
+        [*OPS, "DecoderLayerWeights", "KernelBackend", "ModuleBackend", "__version__",
+         "available_backends", "get_backend", "validate_paged_metadata", "with_cuda"]
     )  # fmt: skip
     assert isinstance(pagekernels.with_cuda, bool)
     assert pagekernels.__version__ == importlib.metadata.version("pagekernels")

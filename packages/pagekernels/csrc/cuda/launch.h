@@ -55,10 +55,9 @@ void quantized_embedding(const mx::array& indices, const mx::array& weight,
 void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
             const mx::Stream& s);
 
-// A SwiGLU MLP's down projection: out [..., N] = (silu(gate) * up) @ weight^T for gate_up
-// [..., 2K] = [gate | up] rows and weight [N, K] (as for linear); the activation is computed in
-// float32 and rounded once to the dtype, inside the kernel's loads.
-void swiglu_linear(const mx::array& gate_up, const mx::array& weight, mx::array& out,
+// silu(gate) * up, elementwise over [..., N] row-major arrays of one float dtype (in float32,
+// rounded once); out of their shape.
+void silu_multiply(const mx::array& gate, const mx::array& up, mx::array& out,
                    const mx::Stream& s);
 
 // residual/update [..., H] row-major, weight [H]; sum and normed of residual's shape. No update

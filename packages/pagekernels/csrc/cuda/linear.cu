@@ -18,10 +18,6 @@
 // Stacked weights (split_linear): the output columns are split into up to kLinearMaxParts
 // contiguous arrays; the epilogue writes column n into the part that holds it.
 //
-// SwiGLU input (swiglu_linear, a decoder layer's down_proj): x rows are [gate | up] pairs of
-// 2K elements and the kernel multiplies silu(gate) * up, computed in float32 and rounded once
-// as it loads them, so the activation never makes a round trip through memory or a launch.
-//
 // Work split: a CTA owns 16 output columns; its kWarps warps take consecutive shares of K and
 // add their tiles through shared memory. Measured on the H200 at every Qwen3-4B projection
 // (benchmarks/decode_step.py): 4, 8 or 16 warps per CTA time the same within 5 %; splitting K
@@ -43,9 +39,6 @@ namespace {
 constexpr int kColumns = 16;  // output columns (weight rows) per CTA
 constexpr int kBlockK = 64;   // k per lane group per step: 4 lanes x 16 elements
 constexpr int kUnroll = 4;    // k blocks whose loads are in flight together
-// SwiGLU loads two x fragments per block: 3 blocks keep it within 128 registers (two CTAs per
-// SM, so the 160-CTA down_proj of Qwen3-4B runs in one wave on the H200's 132 SMs).
-constexpr int kSwiGLUUnroll = 3;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
@@ -87,54 +80,21 @@ struct OutputParts {
 template <int kTilesM>
 struct Fragments {
   uint4 w[2][2];        // [row g / g + 8][k 8c.. / 32 + 8c..]
-  uint4 x[kTilesM][2];  // [x row 8t + g][k 8c.. / 32 + 8c..] (SwiGLU: the gate)
-  uint4 up[kTilesM][2];  // SwiGLU only: the up half, like x
+  uint4 x[kTilesM][2];  // [x row 8t + g][k 8c.. / 32 + 8c..]
 };
 
-// silu(gate) * up of 8 packed elements, in float32, rounded once.
-template <typename T>
-__device__ __forceinline__ uint4 silu_multiply(uint4 gate, uint4 up) {
-  const T* g = reinterpret_cast<const T*>(&gate);
-  const T* u = reinterpret_cast<const T*>(&up);
-  uint4 out;
-  T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float x = to_float(g[i]);
-    o[i] = from_float<T>(x / (1.0f + __expf(-x)) * to_float(u[i]));
-  }
-  return out;
-}
-
-template <typename T, int kTilesM, bool kSwiGLU>
+template <typename T, int kTilesM>
 __device__ __forceinline__ void load_block(Fragments<kTilesM>& f, const T* w_lo, const T* w_hi,
-                                           const T* const (&x_rows)[kTilesM], int64_t k,
-                                           int depth) {
+                                           const T* const (&x_rows)[kTilesM], int64_t k) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     f.w[0][h] = w_lo ? load_streaming(w_lo + k + 32 * h) : make_uint4(0, 0, 0, 0);
     f.w[1][h] = w_hi ? load_streaming(w_hi + k + 32 * h) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int t = 0; t < kTilesM; ++t) {
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      f.x[t][h] = x_rows[t] ? __ldg(reinterpret_cast<const uint4*>(x_rows[t] + k + 32 * h)) : zero;
-      if constexpr (kSwiGLU) {  // the up half, `depth` elements after the gate
-        f.up[t][h] = x_rows[t]
-                         ? __ldg(reinterpret_cast<const uint4*>(x_rows[t] + depth + k + 32 * h))
-                         : zero;
-      }
+      f.x[t][h] = x_rows[t] ? __ldg(reinterpret_cast<const uint4*>(x_rows[t] + k + 32 * h))
+                            : make_uint4(0, 0, 0, 0);
     }
-  }
-}
-
-// SwiGLU: x = silu(gate) * up, once every load of the unrolled blocks is in flight (computing
-// it as each block arrives would wait on every load in turn: 2x slower on the H200).
-template <typename T, int kTilesM>
-__device__ __forceinline__ void activate(Fragments<kTilesM>& f) {
-#pragma unroll
-  for (int t = 0; t < kTilesM; ++t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) f.x[t][h] = silu_multiply<T>(f.x[t][h], f.up[t][h]);
   }
 }
 
@@ -158,7 +118,7 @@ __device__ __forceinline__ void multiply_block(const Fragments<kTilesM>& f,
   }
 }
 
-template <typename T, int kTilesM, bool kSwiGLU>
+template <typename T, int kTilesM>
 __global__ void __launch_bounds__(kThreads)
     linear_kernel(const T* x, const T* w, OutputParts<T> y, int rows, int columns, int depth) {
   __shared__ float partial[kWarps][kColumns][8 * kTilesM];
@@ -171,11 +131,10 @@ __global__ void __launch_bounds__(kThreads)
   // Rows past the matrix read nothing (null) and contribute zeros.
   const T* w_lo = n0 + g < columns ? w + int64_t{n0 + g} * depth + 8 * c : nullptr;
   const T* w_hi = n0 + g + 8 < columns ? w + int64_t{n0 + g + 8} * depth + 8 * c : nullptr;
-  const int64_t x_stride = kSwiGLU ? 2 * int64_t{depth} : depth;  // [gate | up] rows
   const T* x_rows[kTilesM];
 #pragma unroll
   for (int t = 0; t < kTilesM; ++t) {
-    x_rows[t] = 8 * t + g < rows ? x + (8 * t + g) * x_stride + 8 * c : nullptr;
+    x_rows[t] = 8 * t + g < rows ? x + int64_t{8 * t + g} * depth + 8 * c : nullptr;
   }
 
   float acc[kTilesM][4] = {};
@@ -183,22 +142,15 @@ __global__ void __launch_bounds__(kThreads)
   const int per_warp = (num_blocks + kWarps - 1) / kWarps;
   const int first = warp * per_warp;
   const int last = min(first + per_warp, num_blocks);
-  constexpr int kBlocks = kSwiGLU ? kSwiGLUUnroll : kUnroll;
-  for (int b = first; b < last; b += kBlocks) {
-    Fragments<kTilesM> f[kBlocks];
+  for (int b = first; b < last; b += kUnroll) {
+    Fragments<kTilesM> f[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kBlocks; ++u) {
-      if (b + u < last) {
-        load_block<T, kTilesM, kSwiGLU>(f[u], w_lo, w_hi, x_rows, int64_t{b + u} * kBlockK,
-                                        depth);
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      if (b + u < last) load_block<T>(f[u], w_lo, w_hi, x_rows, int64_t{b + u} * kBlockK);
     }
 #pragma unroll
-    for (int u = 0; u < kBlocks; ++u) {
-      if (b + u < last) {
-        if constexpr (kSwiGLU) activate<T>(f[u]);
-        multiply_block<T>(f[u], acc);
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      if (b + u < last) multiply_block<T>(f[u], acc);
     }
   }
 
@@ -222,20 +174,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int kTilesM, bool kSwiGLU>
+template <typename T, int kTilesM>
 void launch_linear(Encoder& enc, const T* x, const T* w, OutputParts<T> y, int rows,
                    int columns, int depth) {
-  const KernelInfo info = kernel_info(
-      enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM, kSwiGLU>), kThreads, 0);
+  const KernelInfo info =
+      kernel_info(enc, reinterpret_cast<const void*>(&linear_kernel<T, kTilesM>), kThreads, 0);
   add_kernel(enc, info, dim3(static_cast<unsigned>((columns + kColumns - 1) / kColumns)),
              kThreads, 0, x, w, y, rows, columns, depth);
 }
 
-// Both entry points: y = x' @ weight^T with x' = x (kSwiGLU false) or silu(gate) * up of x's
-// [gate | up] rows.
-template <bool kSwiGLU>
-void project(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::array>& outputs,
-             const mx::Stream& s) {
+}  // namespace
+
+void linear(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::array>& outputs,
+            const mx::Stream& s) {
+  NvtxRange range("pagekernels::linear");
   if (x_in.dtype() != mx::float16 && x_in.dtype() != mx::bfloat16) {
     throw std::invalid_argument("[linear] the CUDA kernel takes float16 or bfloat16");
   }
@@ -255,8 +207,7 @@ void project(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::
     enc.set_output_array(out);
   }
   const int depth = weight.shape(1);
-  // x [..., K] (or [..., 2K] of gate and up): leading dims are rows.
-  const int rows = static_cast<int>(x.size() / (kSwiGLU ? 2 * depth : depth));
+  const int rows = static_cast<int>(x.size() / depth);  // x [..., K]: leading dims are rows
   const int columns = weight.shape(0);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
@@ -269,9 +220,9 @@ void project(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::
       ys.start[p + 1] = ys.start[p] + outputs[p].shape(-1);
     }
     if (rows <= 8) {
-      launch_linear<T, 1, kSwiGLU>(enc, xs, ws, ys, rows, columns, depth);
+      launch_linear<T, 1>(enc, xs, ws, ys, rows, columns, depth);
     } else {
-      launch_linear<T, 2, kSwiGLU>(enc, xs, ws, ys, rows, columns, depth);
+      launch_linear<T, 2>(enc, xs, ws, ys, rows, columns, depth);
     }
   };
   if (x.dtype() == mx::float16) {
@@ -279,21 +230,6 @@ void project(const mx::array& x_in, const mx::array& weight_in, std::vector<mx::
   } else {
     launch(__nv_bfloat16{});
   }
-}
-
-}  // namespace
-
-void linear(const mx::array& x, const mx::array& weight, std::vector<mx::array>& outputs,
-            const mx::Stream& s) {
-  NvtxRange range("pagekernels::linear");
-  project<false>(x, weight, outputs, s);
-}
-
-void swiglu_linear(const mx::array& gate_up, const mx::array& weight, mx::array& out,
-                   const mx::Stream& s) {
-  NvtxRange range("pagekernels::swiglu_linear");
-  std::vector<mx::array> outputs{out};
-  project<true>(gate_up, weight, outputs, s);
 }
 
 }  // namespace pagekernels::cuda
