@@ -206,7 +206,10 @@ KERNEL_FAMILIES = (
     ("merge_splits", "attention + merge"),
     ("rms_norm", "norms + RoPE"),
     ("rope", "norms + RoPE"),
+    ("decode_qkv", "norms + RoPE + K/V write"),  # q/k norm + RoPE and write_kv in one kernel
     ("write_kv", "write_kv"),
+    ("silu", "SwiGLU"),
+    ("Sigmoid", "SwiGLU"),  # MLX's compiled silu(gate) * up
 )
 
 

@@ -309,5 +309,8 @@ def test_decode_step_plot_from_the_h200_records(tmp_path: Path) -> None:
     assert pngs[0].read_bytes().startswith(PNG_MAGIC)
     assert plot._kernel_family("void pagekernels::cuda::linear_kernel<bf16, 1>") == "projections"
     assert plot._kernel_family("mlx::core::cu::rope<bf16>") == "norms + RoPE"
+    assert plot._kernel_family("pagekernels::cuda::decode_qkv_kernel<bf16, 128>") == (
+        "norms + RoPE + K/V write"
+    )
     assert plot._kernel_family("cutlass_80_tensorop_gemm") == "projections"
     assert plot._kernel_family("mlx::core::cu::binary_vv<Add>") == "other"
