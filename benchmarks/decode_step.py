@@ -79,26 +79,37 @@ def _linear_weights(model: nn.Module) -> list[mx.array]:
 
 def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, object]:
     """GPU kernels of `steps` evaluations of `run`: calls and microseconds per step, by kernel
-    name and by (name, grid) launch shape (which tells the linear kernel's weight shapes apart)."""
-    from torch.profiler import ProfilerActivity, profile
+    name and by (name, grid) launch shape (which tells the linear kernel's weight shapes apart),
+    and where each step's wall time goes on one clock: from the step's start (building its
+    graph) to its first kernel, the kernels' span, and from the last kernel to `mx.eval`
+    returning."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     mx.eval(run())
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            mx.eval(run())
+            with record_function("decode_step"):
+                mx.eval(run())
         mx.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
     kernel_events = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    # Each step's kernels, first start to last end: kernel time plus the GPU's idle gaps between
-    # them (launch latency between dependent nodes, waits for the host's next graph).
-    per_step = len(kernel_events) // steps
-    spans = [
-        max(e["ts"] + e["dur"] for e in chunk) - chunk[0]["ts"]
-        for chunk in (kernel_events[i * per_step : (i + 1) * per_step] for i in range(steps))
-    ]
+    step_events = sorted(
+        (e for e in events if e.get("name") == "decode_step" and e.get("cat") == "user_annotation"),
+        key=lambda e: e["ts"],
+    )
+    lead, span, tail = [], [], []
+    for step_event in step_events:
+        start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
+        inside = [e for e in kernel_events if start <= e["ts"] < end]
+        if not inside:
+            continue
+        last_end = max(e["ts"] + e["dur"] for e in inside)
+        lead.append(inside[0]["ts"] - start)
+        span.append(last_end - inside[0]["ts"])  # kernels plus the GPU's gaps between them
+        tail.append(end - last_end)
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     by_launch: dict[tuple[str, tuple[int, ...]], list[float]] = collections.defaultdict(list)
     for event in kernel_events:
@@ -116,7 +127,11 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     kernels = table(by_name, lambda name: {"kernel": name})
     return {
         "kernel_us_per_step": sum(k["us"] for k in kernels),
-        "gpu_span_us_per_step": statistics.median(spans),
+        "step_timeline_us": {
+            "start_to_first_kernel": statistics.median(lead),
+            "first_to_last_kernel": statistics.median(span),
+            "last_kernel_to_eval_return": statistics.median(tail),
+        },
         "kernels_per_step": sum(k["calls"] for k in kernels),
         "kernels": kernels,
         "launches": table(by_launch, lambda k: {"kernel": k[0], "grid": list(k[1])}),
@@ -321,9 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     if trace is not None:
         print(
             f"  compiled step: {trace['kernels_per_step']:.0f} kernels, "
-            f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step, "
-            f"first kernel start to last end {trace['gpu_span_us_per_step'] / 1000:.3f} ms; top 15:"
+            f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step; top 15:"
         )
+        timeline = ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in trace["step_timeline_us"].items())
+        print(f"  step timeline (medians): {timeline}")
         for k in trace["kernels"][:15]:
             print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")
         cells = [
