@@ -100,7 +100,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         (e for e in events if e.get("name") == "decode_step" and e.get("cat") == "user_annotation"),
         key=lambda e: e["ts"],
     )
-    lead, span, tail = [], [], []
+    lead, span, tail = [], [], []  # microseconds, one entry per traced step
     for step_event in step_events:
         start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
         inside = [e for e in kernel_events if start <= e["ts"] < end]
@@ -128,9 +128,9 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     return {
         "kernel_us_per_step": sum(k["us"] for k in kernels),
         "step_timeline_us": {
-            "start_to_first_kernel": statistics.median(lead),
-            "first_to_last_kernel": statistics.median(span),
-            "last_kernel_to_eval_return": statistics.median(tail),
+            "start_to_first_kernel": statistics.median(lead) if lead else None,
+            "first_to_last_kernel": statistics.median(span) if span else None,
+            "last_kernel_to_eval_return": statistics.median(tail) if tail else None,
         },
         "kernels_per_step": sum(k["calls"] for k in kernels),
         "kernels": kernels,
@@ -338,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  compiled step: {trace['kernels_per_step']:.0f} kernels, "
             f"{trace['kernel_us_per_step'] / 1000:.3f} ms of GPU time per step; top 15:"
         )
-        timeline = ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in trace["step_timeline_us"].items())
+        timeline = ", ".join(
+            f"{k} {v / 1000:.3f} ms" if v is not None else f"{k} (no traced step)"
+            for k, v in trace["step_timeline_us"].items()
+        )
         print(f"  step timeline (medians): {timeline}")
         for k in trace["kernels"][:15]:
             print(f"    {k['us']:8.1f} us  {k['calls']:5.0f} calls  {k['kernel'][:90]}")

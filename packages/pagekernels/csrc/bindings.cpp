@@ -126,7 +126,6 @@ NB_MODULE(_ext, m) {
         "[B,H,L,D] in x's dtype. D even; the GPU kernel takes D % 64 == 0 up to 256 (other D "
         "run MLX's rms_norm and rope there).");
 
-  m.attr("decoder_layer_weights") = pagekernels::kDecoderLayerWeights;
   m.def("decoder_layer", &pagekernels::decoder_layer, "residual"_a, "pending"_a.none(),
         "weights"_a, "key_pages"_a, "value_pages"_a, "block_table"_a, "context_lens"_a,
         "slot_mapping"_a, "offsets"_a, "page_size"_a, nb::kw_only(), "eps"_a, "rope_base"_a,

@@ -24,12 +24,12 @@ ROPE_BASE = 1_000_000.0
 HIDDEN, INTERMEDIATE, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS = 128, 192, 64, 4, 2
 
 
-def _weights(dtype: mx.Dtype, rng: np.random.Generator) -> DecoderLayerWeights:
+def _weights(dtype: mx.Dtype, rng: np.random.Generator, head_dim: int) -> DecoderLayerWeights:
     def normal(*dims: int, scale: float = 0.1, mean: float = 0.0) -> mx.array:
         values = mean + scale * rng.standard_normal(dims)
         return mx.array(values.astype(np.float32)).astype(dtype)
 
-    H, D, inter = HIDDEN, HEAD_DIM, INTERMEDIATE
+    H, D, inter = HIDDEN, head_dim, INTERMEDIATE
     return DecoderLayerWeights(
         input_layernorm=normal(H, mean=1.0),
         qkv_proj=normal((NUM_Q_HEADS + 2 * NUM_KV_HEADS) * D, H),
@@ -42,7 +42,9 @@ def _weights(dtype: mx.Dtype, rng: np.random.Generator) -> DecoderLayerWeights:
     )
 
 
-def _layer_inputs(make_paged, *, contexts, query_len, page_size, dtype, pending, seed=0):
+def _layer_inputs(
+    make_paged, *, contexts, query_len, page_size, dtype, pending, seed=0, head_dim=HEAD_DIM
+):
     """decoder_layer's arguments as a dict: random residual/pending/weights, pages holding
     each row's context (NaN elsewhere), and the tables of its last `query_len` tokens."""
     rng = np.random.default_rng(seed)
@@ -51,7 +53,7 @@ def _layer_inputs(make_paged, *, contexts, query_len, page_size, dtype, pending,
         num_q_heads=NUM_Q_HEADS,
         num_kv_heads=NUM_KV_HEADS,
         query_len=query_len,
-        head_dim=HEAD_DIM,
+        head_dim=head_dim,
         page_size=page_size,
         dtype=dtype,
         seed=seed,
@@ -69,7 +71,7 @@ def _layer_inputs(make_paged, *, contexts, query_len, page_size, dtype, pending,
     return dict(
         residual=stream(B, query_len, HIDDEN),
         pending=stream(B, query_len, HIDDEN) if pending else None,
-        weights=_weights(dtype, rng),
+        weights=_weights(dtype, rng, head_dim),
         key_pages=case.key_pages,
         value_pages=case.value_pages,
         block_table=case.block_table,
@@ -78,6 +80,14 @@ def _layer_inputs(make_paged, *, contexts, query_len, page_size, dtype, pending,
         offsets=mx.array([c - query_len for c in contexts], dtype=mx.int32),
         page_size=page_size,
     )
+
+
+def _with_own_pages(args: dict) -> dict:
+    """`args` with copies of the pages: decoder_layer writes pages in place, so two runs that
+    are compared must not share them."""
+    pages = {name: mx.array(args[name]) for name in ("key_pages", "value_pages")}
+    mx.eval(*pages.values())
+    return args | pages
 
 
 def _primitive_counts(tmp_path: Path, outputs) -> collections.Counter[str]:
@@ -90,6 +100,7 @@ def _pages_as_numpy(pages: mx.array) -> np.ndarray:
     return np.array(pages.astype(mx.float32))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 192], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=str)
 @pytest.mark.parametrize("pending", [True, False], ids=["pending", "first-layer"])
 @pytest.mark.parametrize(
@@ -107,6 +118,7 @@ def test_matches_the_exact_equation(
     contexts,
     query_len,
     page_size,
+    head_dim,
 ):
     args = _layer_inputs(
         make_paged,
@@ -115,6 +127,7 @@ def test_matches_the_exact_equation(
         page_size=page_size,
         dtype=dtype,
         pending=pending,
+        head_dim=head_dim,
     )
     mx.eval(*[a for a in args.values() if isinstance(a, mx.array)], *args["weights"])
     before = _pages_as_numpy(args["key_pages"]), _pages_as_numpy(args["value_pages"])
@@ -154,8 +167,8 @@ def test_padding_rows_write_no_kv(device, make_paged):
     ]:
         padded[name] = mx.concatenate([args[name], pad])
     kwargs = dict(eps=EPS, rope_base=ROPE_BASE, stream=device)
-    alone = pagekernels.decoder_layer(**args, **kwargs)
-    with_padding = pagekernels.decoder_layer(**padded, **kwargs)
+    alone = pagekernels.decoder_layer(**_with_own_pages(args), **kwargs)
+    with_padding = pagekernels.decoder_layer(**_with_own_pages(padded), **kwargs)
     # (The attention's split plan depends on the batch: equal up to its rounding, not bits.)
     for a, b in zip(alone[:2], with_padding[:2], strict=True):
         np.testing.assert_allclose(
@@ -201,8 +214,29 @@ def _test_a_gpu_decode_step_is_one_graph_node(tmp_path, make_paged, dtype):
     assert not counts.keys() & {"Linear", "PagedAttention", "WriteKV", "NormRope", "Reshape"}
 
 
+@pytest.mark.parametrize(
+    "contexts, dtype",
+    [((3,) * 17, mx.bfloat16), ((7, 20), mx.float32)],
+    ids=["17-rows", "float32"],
+)
+def _test_a_gpu_decode_step_the_kernels_do_not_take_composes_the_ops(
+    tmp_path, make_paged, contexts, dtype
+):
+    """More rows than the linear kernel takes, or float32: the separate ops, no DecoderLayer."""
+    args = _layer_inputs(
+        make_paged, contexts=contexts, query_len=1, page_size=16, dtype=dtype, pending=True
+    )
+    outputs = pagekernels.decoder_layer(**args, eps=EPS, rope_base=ROPE_BASE, stream=mx.gpu)
+    counts = _primitive_counts(tmp_path, outputs)
+    assert "DecoderLayer" not in counts
+    assert counts["PagedAttention"] == counts["WriteKV"] == 1
+
+
 if mx.cuda.is_available():
     test_a_gpu_decode_step_is_one_graph_node = _test_a_gpu_decode_step_is_one_graph_node
+    test_a_gpu_decode_step_the_kernels_do_not_take_composes_the_ops = (
+        _test_a_gpu_decode_step_the_kernels_do_not_take_composes_the_ops
+    )
 
 
 def test_cpu_streams_compose_the_other_ops(tmp_path, make_paged):
@@ -234,8 +268,8 @@ def test_compiled_equals_eager(device, make_paged):
             **arrays, page_size=8, eps=EPS, rope_base=ROPE_BASE, stream=device
         )
 
-    eager = layer(**tables)
-    compiled = mx.compile(layer)(**tables)
+    eager = layer(**_with_own_pages(tables))
+    compiled = mx.compile(layer)(**_with_own_pages(tables))
     for a, b in zip(eager, compiled, strict=True):
         assert mx.array_equal(a, b, equal_nan=True).item()
 

@@ -11,6 +11,7 @@
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
 #include "cuda/norm_rope_row.cuh"
+#include "kernels/paged_kv.h"
 
 namespace pagekernels::cuda {
 
@@ -51,8 +52,7 @@ __global__ void __launch_bounds__(kThreads)
   if (slot < 0 || slot >= pages.num_slots) return;
   const int kv_head = (head - num_q_heads) % pages.num_kv_heads;
   const int64_t offset =
-      ((int64_t{slot / pages.page_size} * pages.num_kv_heads + kv_head) * pages.page_size +
-       slot % pages.page_size) * kHeadDim;
+      slot_offset(slot, pages.page_size, pages.num_kv_heads, kv_head, kHeadDim);
   if (head < num_q_heads + pages.num_kv_heads) {
     norm_rope_row<T, kHeadDim, kVector>(src, 1, k_norm, position, inv_freq, eps,
                                         key_pages + offset);
@@ -70,11 +70,7 @@ void decode_qkv(const mx::array& qkv, const mx::array& q_norm, const mx::array& 
                 const mx::Stream& s) {
   NvtxRange range("pagekernels::decode_qkv");
   const int head_dim = key_pages.shape(3);
-  if (!gpu_norm_rope_supports_head_dim(head_dim)) {
-    throw std::invalid_argument("[decoder_layer] the CUDA kernels take D % 64 == 0 up to " +
-                                std::to_string(kNormRopeMaxHeadDim) + ", got D=" +
-                                std::to_string(head_dim));
-  }
+  Frequencies freqs = frequencies("decoder_layer", inv_freqs, head_dim);
   auto& enc = mx::cu::get_command_encoder(s);
   queries.set_data(mx::allocator::malloc(queries.nbytes()));
   k_out.copy_shared_buffer(key_pages);
@@ -93,8 +89,6 @@ void decode_qkv(const mx::array& qkv, const mx::array& q_norm, const mx::array& 
   PageSlots pages{mx::gpu_ptr<int32_t>(slot_mapping), int64_t{key_pages.shape(0)} * page_size,
                   page_size, num_kv_heads};
   int64_t rows = int64_t{qkv.shape(0)} * (num_q_heads + 2 * num_kv_heads);
-  Frequencies freqs{};
-  std::copy(inv_freqs, inv_freqs + head_dim / 2, freqs.inv);
   const dim3 grid(static_cast<unsigned>((rows + kWarps - 1) / kWarps));
   dispatch_float(qkv.dtype(), "decoder_layer", [&](auto tag) {
     using T = decltype(tag);
@@ -105,21 +99,13 @@ void decode_qkv(const mx::array& qkv, const mx::array& q_norm, const mx::array& 
     T* qs = mx::gpu_ptr<T>(queries);
     T* ks = mx::gpu_ptr<T>(k_out);
     T* vs = mx::gpu_ptr<T>(v_out);
-    auto add = [&](const void* kernel) {
-      const KernelInfo info = kernel_info(enc, kernel, kThreads, 0);
+    dispatch_head_dim(head_dim, [&](auto dim) {
+      const KernelInfo info = kernel_info(
+          enc, reinterpret_cast<const void*>(&decode_qkv_kernel<T, decltype(dim)::value>),
+          kThreads, 0);
       add_kernel(enc, info, grid, kThreads, 0, xs, qn, kn, positions, pages, qs, ks, vs,
                  num_q_heads, rows, eps, freqs);
-    };
-    switch (head_dim) {
-      case 64:
-        return add(reinterpret_cast<const void*>(&decode_qkv_kernel<T, 64>));
-      case 128:
-        return add(reinterpret_cast<const void*>(&decode_qkv_kernel<T, 128>));
-      case 192:
-        return add(reinterpret_cast<const void*>(&decode_qkv_kernel<T, 192>));
-      default:
-        return add(reinterpret_cast<const void*>(&decode_qkv_kernel<T, 256>));
-    }
+    });
   });
 }
 

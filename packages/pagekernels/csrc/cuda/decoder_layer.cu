@@ -5,12 +5,11 @@
 // the separate ops is 12 kernel operations and about 10 views, and a Qwen3-4B decode step took
 // longer to build and submit (4.8 ms) than to run on the GPU (3.5 ms). Here eval_gpu adds the
 // kernels to the graph itself: add_rms_norm, the qkv projection, decode_qkv (q/k norm + RoPE
-// and the K/V page writes, one launch), paged attention (+ split merge), o_proj, add_rms_norm,
-// gate_up, silu_multiply, and down_proj: 10 or 11 launches where the separate ops take 12.
-// (down_proj computing silu(gate) * up in its own loads took 48-82 us a call on the H200
-// against 18-22 us plus 1.5 us for this kernel, and was dropped.) Intermediates are encoder
-// temporaries; reshapes between kernels are views made here, not graph nodes. MLX orders the kernels by the buffers each one registers
-// as input and output, as it orders separate operations.
+// and the K/V page writes, one launch), paged attention (+ the merge of its key splits),
+// o_proj, add_rms_norm, gate_up, silu_multiply and down_proj: 9 launches, 10 with the merge.
+// Intermediates are encoder temporaries; reshapes between kernels are views made here, not
+// graph nodes. MLX orders the kernels by the buffers each one registers as input and output, as
+// it orders separate operations.
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
 
@@ -65,7 +64,13 @@ void decoder_layer(const std::vector<mx::array>& inputs, std::vector<mx::array>&
   const int q_width = qkv_proj.shape(0) - 2 * kv_width;
   const int Hq = q_width / D;
   const int I = down_proj.shape(1);
-  auto make = [&](mx::Shape shape) { return mx::array(std::move(shape), residual.dtype(), nullptr, {}); };
+  // Each intermediate's handle is kept here and registered as a temporary once its launcher
+  // has allocated it (below), so it lives until the graph has run.
+  std::vector<mx::array> temporaries;
+  auto make = [&](mx::Shape shape) {
+    return temporaries.emplace_back(std::move(shape), residual.dtype(), nullptr,
+                                    std::vector<mx::array>{});
+  };
 
   // Attention: h = residual + pending; h += o_proj(attention(norm_rope(q), pages)).
   mx::array h = make({B, 1, H});
@@ -93,11 +98,7 @@ void decoder_layer(const std::vector<mx::array>& inputs, std::vector<mx::array>&
   linear(activated, down_proj, mlp, s);
 
   auto& enc = mx::cu::get_command_encoder(s);
-  for (const mx::array* a :
-       {&h, &x, &qkv[0], &queries, &attended, &projected[0], &normed, &gate_up[0], &gate_up[1],
-        &activated}) {
-    enc.add_temporary(*a);
-  }
+  for (const mx::array& a : temporaries) enc.add_temporary(a);
 }
 
 }  // namespace pagekernels::cuda

@@ -14,9 +14,6 @@
 // of 32k one ulp of the angle is 2e-3 rad; the frequencies f_i therefore come from the host
 // (rope_inv_frequencies, MLX's own values) as a kernel parameter, and the position, angle
 // use explicitly rounded float32 operations that the compiler cannot fuse into an FMA.
-#include <algorithm>
-#include <string>
-
 #include "cuda/device_utils.cuh"
 #include "cuda/launch.h"
 #include "cuda/launch_utils.cuh"
@@ -93,31 +90,18 @@ void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& off
                mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s) {
   NvtxRange range("pagekernels::norm_rope");
   const int head_dim = x.shape(3);
-  if (!gpu_norm_rope_supports_head_dim(head_dim)) {
-    throw std::invalid_argument("[norm_rope] the CUDA kernel takes D % 64 == 0 up to " +
-                                std::to_string(kNormRopeMaxHeadDim) + ", got D=" +
-                                std::to_string(head_dim));
-  }
+  const Frequencies freqs = frequencies("norm_rope", inv_freqs, head_dim);
   auto& enc = mx::cu::get_command_encoder(s);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   enc.set_input_array(x);
   enc.set_input_array(weight);
   enc.set_input_array(offsets);
   enc.set_output_array(out);
-  Frequencies freqs{};
-  std::copy(inv_freqs, inv_freqs + head_dim / 2, freqs.inv);
   dispatch_float(x.dtype(), "norm_rope", [&](auto tag) {
     using T = decltype(tag);
-    switch (head_dim) {
-      case 64:
-        return launch_norm_rope<T, 64>(enc, x, weight, offsets, out, eps, freqs);
-      case 128:
-        return launch_norm_rope<T, 128>(enc, x, weight, offsets, out, eps, freqs);
-      case 192:
-        return launch_norm_rope<T, 192>(enc, x, weight, offsets, out, eps, freqs);
-      default:
-        return launch_norm_rope<T, 256>(enc, x, weight, offsets, out, eps, freqs);
-    }
+    dispatch_head_dim(head_dim, [&](auto dim) {
+      launch_norm_rope<T, decltype(dim)::value>(enc, x, weight, offsets, out, eps, freqs);
+    });
   });
 }
 

@@ -3,6 +3,11 @@
 // norm_rope.cu for the mapping and for why the frequencies come from the host.
 #pragma once
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
 #include "cuda/device_utils.cuh"
 #include "kernels/gpu_limits.h"
 
@@ -43,6 +48,34 @@ __device__ __forceinline__ void store_lane(T* p, const float (&in)[N]) {
   } else {
 #pragma unroll
     for (int k = 0; k < N; ++k) p[k] = from_float<T>(in[k]);
+  }
+}
+
+// The D/2 frequencies as a kernel parameter; D must be a norm_rope kernel head dim (the op
+// functions route other D elsewhere, so another D here is a logic error).
+inline Frequencies frequencies(const char* op, const float* inv_freqs, int head_dim) {
+  if (!gpu_norm_rope_supports_head_dim(head_dim)) {
+    throw std::logic_error(std::string("[") + op + "] the CUDA kernels take D % 64 == 0 up to " +
+                           std::to_string(kNormRopeMaxHeadDim) + ", got D=" +
+                           std::to_string(head_dim));
+  }
+  Frequencies freqs{};
+  std::copy(inv_freqs, inv_freqs + head_dim / 2, freqs.inv);
+  return freqs;
+}
+
+// Calls f(std::integral_constant<int, D>{}) for a norm_rope kernel head dim D.
+template <typename F>
+void dispatch_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 192:
+      return f(std::integral_constant<int, 192>{});
+    default:
+      return f(std::integral_constant<int, 256>{});
   }
 }
 

@@ -15,8 +15,8 @@ namespace {
 constexpr std::string_view kOp = "decoder_layer";
 
 constexpr std::array<const char*, kDecoderLayerWeights> kWeightNames = {
-    "input_layernorm", "qkv_proj",     "q_norm",       "k_norm",
-    "o_proj",          "post_attention_layernorm", "gate_up_proj", "down_proj"};
+    "input_layernorm", "qkv_proj", "q_norm",       "k_norm",
+    "o_proj", "post_attention_layernorm", "gate_up_proj", "down_proj"};
 
 // The layer's widths, read from the inputs' shapes.
 struct LayerShape {
@@ -81,8 +81,9 @@ LayerShape check_layer(const mx::array& residual, const std::optional<mx::array>
   });
   for (size_t i = 0; i < w.size(); ++i) {
     check(w[i].ndim() == (is_norm(i) ? 1 : 2), kOp, [&] {
-      return weight_name(i) + (is_norm(i) ? " must be a norm's [width]" : " must be a projection's [N, K]") +
-           ", got shape " + shape_str(w[i]);
+      const char* expected =
+          is_norm(i) ? " must be a norm's [width]" : " must be a projection's [N, K]";
+      return weight_name(i) + expected + ", got shape " + shape_str(w[i]);
     });
   }
 
@@ -112,13 +113,16 @@ LayerShape check_layer(const mx::array& residual, const std::optional<mx::array>
   return s;
 }
 
-// Whether one DecoderLayer node computes this layer on `stream` (else the ops are composed).
+// Whether one DecoderLayer node computes this layer on `stream` (else the ops are composed):
+// what the linear kernel (<= kLinearMaxRows rows, K % 64 == 0: H, I and Hq * D, the last
+// implied by D % 64 == 0), add_rms_norm (rows up to kAddRmsNormMaxWidth) and decode_qkv (a
+// norm_rope kernel head dim) take, and no empty dimension.
 bool fuses(const LayerShape& s, mx::Dtype dtype, const mx::Stream& stream) {
   return stream.device == mx::Device::gpu && s.query_len == 1 && s.batch >= 1 &&
          s.batch <= kLinearMaxRows && (dtype == mx::float16 || dtype == mx::bfloat16) &&
-         s.hidden % 64 == 0 && s.hidden <= kAddRmsNormMaxWidth && s.intermediate % 64 == 0 &&
-         (s.num_q_heads * s.head_dim) % 64 == 0 &&
-         gpu_norm_rope_supports_head_dim(s.head_dim) && s.intermediate > 0;
+         s.hidden > 0 && s.hidden % 64 == 0 && s.hidden <= kAddRmsNormMaxWidth &&
+         s.intermediate > 0 && s.intermediate % 64 == 0 &&
+         gpu_norm_rope_supports_head_dim(s.head_dim);
 }
 
 mx::array silu(const mx::array& x, const mx::Stream& s) {
