@@ -70,7 +70,6 @@ void add_rms_norm(const mx::array& residual, const mx::array* update, const mx::
 void norm_rope(const mx::array& x, const mx::array& weight, const mx::array& offsets,
                mx::array& out, float eps, const float* inv_freqs, const mx::Stream& s);
 
-
 // A decode step's (L = 1) q/k/v after the qkv projection, one launch: qkv [B, 1, (Hq + 2 Hkv) * D]
 // row-major; q_norm/k_norm [D]; offsets/slot_mapping int32 [B]; pages [P, Hkv, ps, D] (D % 64
 // == 0 up to 256). Writes queries [B, Hq, 1, D] (normed, rotated), the keys (normed, rotated)

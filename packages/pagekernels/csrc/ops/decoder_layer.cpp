@@ -14,9 +14,21 @@ namespace {
 
 constexpr std::string_view kOp = "decoder_layer";
 
-constexpr std::array<const char*, kDecoderLayerWeights> kWeightNames = {
-    "input_layernorm", "qkv_proj", "q_norm",       "k_norm",
-    "o_proj", "post_attention_layernorm", "gate_up_proj", "down_proj"};
+// The weights in their order: a norm's weight is [width], a projection's [N, K].
+struct WeightSlot {
+  const char* name;
+  bool is_norm;
+};
+constexpr std::array<WeightSlot, kDecoderLayerWeights> kWeightSlots = {{
+    {"input_layernorm", true},
+    {"qkv_proj", false},
+    {"q_norm", true},
+    {"k_norm", true},
+    {"o_proj", false},
+    {"post_attention_layernorm", true},
+    {"gate_up_proj", false},
+    {"down_proj", false},
+}};
 
 // The layer's widths, read from the inputs' shapes.
 struct LayerShape {
@@ -30,11 +42,8 @@ struct LayerShape {
 };
 
 std::string weight_name(size_t index) {
-  return "weights[" + std::to_string(index) + "] (" + kWeightNames[index] + ")";
+  return "weights[" + std::to_string(index) + "] (" + kWeightSlots[index].name + ")";
 }
-
-// A norm's weight [width] (rank 1) or a projection's [N, K] (rank 2).
-bool is_norm(size_t index) { return index == 0 || index == 2 || index == 3 || index == 5; }
 
 void check_weight(const mx::array& w, size_t index, const mx::array& residual,
                   const mx::Shape& shape) {
@@ -80,9 +89,10 @@ LayerShape check_layer(const mx::array& residual, const std::optional<mx::array>
            "post_attention_layernorm, gate_up_proj, down_proj), got " + std::to_string(w.size());
   });
   for (size_t i = 0; i < w.size(); ++i) {
-    check(w[i].ndim() == (is_norm(i) ? 1 : 2), kOp, [&] {
+    const bool norm = kWeightSlots[i].is_norm;
+    check(w[i].ndim() == (norm ? 1 : 2), kOp, [&] {
       const char* expected =
-          is_norm(i) ? " must be a norm's [width]" : " must be a projection's [N, K]";
+          norm ? " must be a norm's [width]" : " must be a projection's [N, K]";
       return weight_name(i) + expected + ", got shape " + shape_str(w[i]);
     });
   }
