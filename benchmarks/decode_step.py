@@ -11,7 +11,9 @@ warm-up:
   path) with `B` rows, and as `x @ W.T` with `B` rows and with one (MLX takes its GEMV kernel for
   one row and cuBLASLt otherwise); then the same per weight shape (all of the model's weights of
   that shape in one evaluation), in us per product and GB/s of weights read;
-- `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes;
+- `attention`: `write_kv` + `paged_attention` of every layer at the step's shapes (with
+  `--attention-splits`, also this chain and the compiled step with the attention's keys forced
+  into each given number of chunks);
 - `primitives`: the uncompiled step's graph by primitive (kernels and views alike);
 - `tiny ops` / `tiny views`: `--tiny-ops` dependent one-element additions, and as many reshapes
   (a primitive without a kernel), each chain one evaluation (about a Qwen3-4B step's operation
@@ -81,15 +83,17 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     """GPU kernels of `steps` evaluations of `run`: calls and microseconds per step, by kernel
     name and by (name, grid) launch shape (which tells the linear kernel's weight shapes apart),
     and where each step's wall time goes on one clock: from the step's start (building its
-    graph) to its first kernel, the kernels' span, and from the last kernel to `mx.eval`
-    returning."""
+    graph) to its first kernel (`build_graph`: the part before `mx.eval`, the compiled call),
+    the kernels' span, and from the last kernel to `mx.eval` returning."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     mx.eval(run())
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             with record_function("decode_step"):
-                mx.eval(run())
+                with record_function("build_graph"):
+                    outputs = run()
+                mx.eval(outputs)
         mx.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
@@ -100,7 +104,12 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         (e for e in events if e.get("name") == "decode_step" and e.get("cat") == "user_annotation"),
         key=lambda e: e["ts"],
     )
-    lead, span, tail = [], [], []  # microseconds, one entry per traced step
+    build_events = sorted(
+        (e for e in events if e.get("name") == "build_graph" and e.get("cat") == "user_annotation"),
+        key=lambda e: e["ts"],
+    )
+    build_durations = {e["ts"]: e["dur"] for e in build_events}
+    lead, build, span, tail = [], [], [], []  # microseconds, one entry per traced step
     for step_event in step_events:
         start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
         inside = [e for e in kernel_events if start <= e["ts"] < end]
@@ -108,6 +117,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
             continue
         last_end = max(e["ts"] + e["dur"] for e in inside)
         lead.append(inside[0]["ts"] - start)
+        build.extend(d for ts, d in build_durations.items() if start <= ts < end)
         span.append(last_end - inside[0]["ts"])  # kernels plus the GPU's gaps between them
         tail.append(end - last_end)
     by_name: dict[str, list[float]] = collections.defaultdict(list)
@@ -129,6 +139,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         "kernel_us_per_step": sum(k["us"] for k in kernels),
         "step_timeline_us": {
             "start_to_first_kernel": statistics.median(lead) if lead else None,
+            "build_graph": statistics.median(build) if build else None,
             "first_to_last_kernel": statistics.median(span) if span else None,
             "last_kernel_to_eval_return": statistics.median(tail) if tail else None,
         },
@@ -167,6 +178,36 @@ def _host_and_wall_ms(run: Callable[[], list[mx.array]], steps: int) -> tuple[fl
     return statistics.median(host), statistics.median(wall)
 
 
+def _split_sweep(
+    counts: list[int],
+    attention: Callable[[], list[mx.array]],
+    step: Callable[[], list[mx.array]],
+    model: nn.Module,
+    steps: int,
+) -> dict[str, dict[str, float]]:
+    """The attention chain and the compiled step's wall time with the decode attention forced
+    into each of `counts` key chunks (the CUDA kernels' test knob), by count."""
+    if not counts:
+        return {}
+    from pagekernels import _ext
+
+    if not getattr(_ext, "with_cuda", False):
+        raise SystemExit("--attention-splits needs pagekernels built with PAGEKERNELS_CUDA=1")
+    sweep = {}
+    model.compile_decode = True
+    try:
+        for count in counts:
+            _ext.set_decode_num_splits(count)
+            sweep[str(count)] = {
+                "attention": _median_ms(attention, steps),
+                "step+compile": _host_and_wall_ms(step, steps)[1],
+            }
+    finally:
+        _ext.set_decode_num_splits(0)
+        model.compile_decode = False
+    return sweep
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
@@ -190,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         "--step-only",
         action="store_true",
         help="time the whole step only (no products, attention or per-op probes)",
+    )
+    parser.add_argument(
+        "--attention-splits",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the attention chain and the compiled step with the decode attention "
+        "split into each of these key chunk counts (CUDA build; 0 = the planner's choice)",
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
@@ -311,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             per_call[label] = {"us": us, "GB/s": group[0].nbytes / us / 1e3}
         by_shape[f"{shape[0]}x{shape[1]} x{len(group)}"] = per_call
     results["attention"] = _median_ms(attention, args.steps)
+    split_sweep = _split_sweep(args.attention_splits, attention, step, model, args.steps)
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
     results[f"tiny views x{ops_per_step}"] = _median_ms(tiny_views, args.steps)
     primitives = _primitive_counts(step())
@@ -328,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, ms in results.items():
         print(f"  {name:<22} {ms:8.3f} ms")
+    for splits, ms in split_sweep.items():
+        cells = ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
+        print(f"  attention split into {splits} (0 = planner): {cells}")
     print("  per weight shape [N x K x count]: us per product (GB/s of weights)")
     for shape, per_call in by_shape.items():
         cells = "  ".join(f"{k}: {v['us']:6.1f} ({v['GB/s']:4.0f})" for k, v in per_call.items())
@@ -371,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                     "median_ms": results,
                     "linear_by_shape": by_shape,
                     "primitives": primitives,
+                    "attention_split_sweep": split_sweep,
                     "kernel_trace": trace,
                 },
                 indent=2,

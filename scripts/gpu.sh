@@ -86,7 +86,8 @@ fi
 
 if has_stage profile; then
   section "decode step: whole step against its parts"
-  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace \
+  # STEP_ARGS: more decode_step.py options, e.g. "--attention-splits 0 1 2 4 8".
+  timeout 300 python3 benchmarks/decode_step.py --device gpu --kernel-trace ${STEP_ARGS:-} \
     --json-output "$OUT/decode_step.json" \
     2>&1 | tee "$OUT/decode_step.log" | tail -n 60
   # The compiled step under other MLX settings, one process each: STEP_ENVS is a list of

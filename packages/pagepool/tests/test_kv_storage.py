@@ -1,4 +1,4 @@
-"""KVStorage: layout, dtypes, update_layer checks, copy-on-write copies, growth with the pool."""
+"""KVStorage: layout, dtypes, update_layer(s) checks, copy-on-write copies, growth with the pool."""
 
 from __future__ import annotations
 
@@ -111,6 +111,42 @@ def test_update_layer_rejects_and_changes_nothing(
     assert all(
         x is y for x, y in zip(storage.keys + storage.values, before[0] + before[1], strict=True)
     )
+
+
+def test_update_layers_replaces_every_layer(storage: KVStorage) -> None:
+    keys = [mx.random.normal(storage.page_shape) for _ in range(storage.num_layers)]
+    values = [mx.random.normal(storage.page_shape) for _ in range(storage.num_layers)]
+    storage.update_layers(keys, values)
+    assert all(a is b for a, b in zip(storage.keys + storage.values, keys + values, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("bad_layer", "bad", "match"),
+    [
+        (None, "missing", r"expected 2 key and value arrays \(one per layer\), got 1 and 2"),
+        (1, "wrong-shape", r"keys\[1\] has shape \(8, 2, 4, 4\).*expected \(8, 2, 4, 3\)"),
+        (1, "wrong-dtype", r"keys\[1\] has shape .* and dtype mlx.core.float16; expected"),
+        (0, "numpy", r"keys\[0\] must be an mx.array, got ndarray"),
+    ],
+    ids=["missing-layer", "shape", "dtype", "not-mx"],
+)
+def test_update_layers_rejects_and_changes_nothing(
+    storage: KVStorage, bad_layer: int | None, bad: str, match: str
+) -> None:
+    keys: list[object] = [mx.zeros(storage.page_shape) for _ in range(storage.num_layers)]
+    values = [mx.zeros(storage.page_shape) for _ in range(storage.num_layers)]
+    if bad == "missing":
+        keys.pop()
+    else:
+        keys[bad_layer] = {
+            "wrong-shape": mx.zeros((8, 2, 4, 4)),
+            "wrong-dtype": mx.zeros(storage.page_shape, dtype=mx.float16),
+            "numpy": np.zeros(storage.page_shape, dtype=np.float32),
+        }[bad]
+    before = storage.keys + storage.values
+    with pytest.raises(InvalidArgument, match=match):
+        storage.update_layers(keys, values)  # type: ignore[arg-type]
+    assert all(x is y for x, y in zip(storage.keys + storage.values, before, strict=True))
 
 
 def test_copy_pages_copies_on_every_layer_and_nothing_else(storage: KVStorage) -> None:

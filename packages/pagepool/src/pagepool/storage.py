@@ -124,8 +124,7 @@ class KVStorage:
     def restore(self, snapshot: tuple[tuple[mx.array, ...], tuple[mx.array, ...]]) -> None:
         """Puts back the array objects of `snapshot` (after a step whose arrays failed to
         evaluate). In-place writes already made to those buffers stay."""
-        for layer, (keys, values) in enumerate(zip(*snapshot, strict=True)):
-            self.update_layer(layer, keys, values)
+        self.update_layers(*snapshot)
 
     def update_layer(self, layer: int, keys: mx.array, values: mx.array) -> None:
         """Store layer `layer`'s arrays as returned by the in-place `write_kv` kernel.
@@ -141,16 +140,39 @@ class KVStorage:
         layer = as_int(layer, "layer")
         if layer >= self.num_layers:
             raise InvalidArgument(f"layer must be in [0, {self.num_layers}), got {layer}")
-        for name, array in (("keys", keys), ("values", values)):
-            if not isinstance(array, mx.array):
-                raise InvalidArgument(f"{name} must be an mx.array, got {type(array).__name__}")
-            if tuple(array.shape) != self.page_shape or array.dtype != self._dtype:
-                raise InvalidArgument(
-                    f"{name} has shape {tuple(array.shape)} and dtype {array.dtype}; expected "
-                    f"{self.page_shape} [P, H_kv, page_size, D] and {self._dtype}"
-                )
+        expected = self.page_shape
+        self._check_page_array("keys", keys, expected)
+        self._check_page_array("values", values, expected)
         self._keys[layer] = keys
         self._values[layer] = values
+
+    def update_layers(self, keys: Sequence[mx.array], values: Sequence[mx.array]) -> None:
+        """Store every layer's arrays at once (`keys[i]`, `values[i]` for layer `i`), as
+        `update_layer` does one layer; nothing is stored unless all of them are valid.
+
+        Raises:
+            InvalidArgument: Not one array per layer, or an array of another shape or dtype.
+        """
+        if len(keys) != self.num_layers or len(values) != self.num_layers:
+            raise InvalidArgument(
+                f"expected {self.num_layers} key and value arrays (one per layer), got "
+                f"{len(keys)} and {len(values)}"
+            )
+        expected = self.page_shape
+        for layer, (layer_keys, layer_values) in enumerate(zip(keys, values, strict=True)):
+            self._check_page_array(f"keys[{layer}]", layer_keys, expected)
+            self._check_page_array(f"values[{layer}]", layer_values, expected)
+        self._keys[:] = keys
+        self._values[:] = values
+
+    def _check_page_array(self, name: str, array: object, expected: tuple[int, ...]) -> None:
+        if not isinstance(array, mx.array):
+            raise InvalidArgument(f"{name} must be an mx.array, got {type(array).__name__}")
+        if tuple(array.shape) != expected or array.dtype != self._dtype:
+            raise InvalidArgument(
+                f"{name} has shape {tuple(array.shape)} and dtype {array.dtype}; expected "
+                f"{expected} [P, H_kv, page_size, D] and {self._dtype}"
+            )
 
     def copy_pages(self, copies: Sequence[PageCopy]) -> None:
         """Perform copy-on-write copies (`dst` page := `src` page) on every layer, lazily.

@@ -77,8 +77,7 @@ class CompiledDecode:
             list(kv.keys),
             list(kv.values),
         )
-        for layer, (layer_keys, layer_values) in enumerate(zip(keys, values, strict=True)):
-            kv.update_layer(layer, layer_keys, layer_values)
+        kv.update_layers(keys, values)
         return logits
 
     def reset(self) -> None:
