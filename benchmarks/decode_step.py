@@ -184,9 +184,11 @@ def _split_sweep(
     step: Callable[[], list[mx.array]],
     model: nn.Module,
     steps: int,
+    kernel_trace: bool,
 ) -> dict[str, dict[str, float]]:
     """The attention chain and the compiled step's wall time with the decode attention forced
-    into each of `counts` key chunks (the CUDA kernels' test knob), by count."""
+    into each of `counts` key chunks (the CUDA kernels' test knob), by count; with
+    `kernel_trace`, also the step's GPU time in the attention and split-merge kernels."""
     if not counts:
         return {}
     from pagekernels import _ext
@@ -202,6 +204,11 @@ def _split_sweep(
                 "attention": _median_ms(attention, steps),
                 "step+compile": _host_and_wall_ms(step, steps)[1],
             }
+            if kernel_trace:
+                kernels = _kernel_trace(step, steps)["kernels"]
+                sweep[str(count)]["attention kernels"] = 1e-3 * sum(
+                    k["us"] for k in kernels if re.search("attention|merge_splits", k["kernel"])
+                )
     finally:
         _ext.set_decode_num_splits(0)
         model.compile_decode = False
@@ -360,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             per_call[label] = {"us": us, "GB/s": group[0].nbytes / us / 1e3}
         by_shape[f"{shape[0]}x{shape[1]} x{len(group)}"] = per_call
     results["attention"] = _median_ms(attention, args.steps)
-    split_sweep = _split_sweep(args.attention_splits, attention, step, model, args.steps)
+    split_sweep = _split_sweep(
+        args.attention_splits, attention, step, model, args.steps, args.kernel_trace
+    )
     results[f"tiny ops x{ops_per_step}"] = _median_ms(tiny_ops, args.steps)
     results[f"tiny views x{ops_per_step}"] = _median_ms(tiny_views, args.steps)
     primitives = _primitive_counts(step())
