@@ -5,7 +5,10 @@ batch has `--context` tokens, and times, each as the median of `--steps` evaluat
 warm-up:
 
 - `step` / `step+compile`: `Qwen3Model.step` for one decode token per row (`L = 1`), as the
-  engine runs it (uncompiled, and through `mx.compile`);
+  engine runs it (uncompiled, and through `mx.compile`), each step synchronised;
+- `step+compile overlapped`: steady-state time per compiled step when each step is submitted
+  before the previous one is waited for, its tokens the argmax of the previous logits on the
+  device (what `Engine(overlap_decode=True)` does);
 - `linears`: every projection of every layer and the LM head as independent products in one
   evaluation, against the weight-streaming floor: through the backend's `linear` (the model's
   path) with `B` rows, and as `x @ W.T` with `B` rows and with one (MLX takes its GEMV kernel for
@@ -215,6 +218,29 @@ def _split_sweep(
     return sweep
 
 
+def _overlapped_ms(step: Callable[[mx.array], mx.array], tokens: mx.array, steps: int) -> float:
+    """Steady-state ms per step when each step is submitted before the previous one is waited
+    for, as `Engine(overlap_decode=True)` runs decode steps: `step(tokens)` returns the next
+    tokens (on the device, not evaluated)."""
+
+    def submit(current: mx.array) -> mx.array:
+        following = step(current)
+        mx.async_eval(following)
+        return following
+
+    previous = tokens
+    for _ in range(3):
+        previous = submit(previous)
+    mx.eval(previous)
+    start = time.perf_counter()
+    for _ in range(steps):
+        current = submit(previous)
+        mx.eval(previous)  # the engine collects step n after launching step n + 1
+        previous = current
+    mx.eval(previous)
+    return 1000 * (time.perf_counter() - start) / steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
@@ -341,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     # One measurement gives both: the wall time of the compiled step and its host share.
     host_ms, results["step+compile"] = _host_and_wall_ms(step, args.steps)
     results["step+compile host"] = host_ms
+
+    def next_tokens(current: mx.array) -> mx.array:
+        # The K/V writes are outputs of the layers the logits need: evaluated with them.
+        logits = model.step(current, metadata, kv)
+        return mx.argmax(logits, axis=-1).astype(mx.int32).reshape(B, 1)
+
+    results["step+compile overlapped"] = _overlapped_ms(next_tokens, tokens, args.steps)
     model.compile_decode = False
     if args.step_only:
         times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in results.items())

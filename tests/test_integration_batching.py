@@ -1,6 +1,7 @@
 """Continuous batching through `pageruntime.Engine`: several prompts batched equal each prompt
 alone (greedy, float32), with requests joining and leaving mid-way, both admission policies,
-forced preemption, and all three attention paths."""
+decode steps launched ahead (`overlap_decode`, compiled or not), forced preemption, and all
+three attention paths."""
 
 from __future__ import annotations
 
@@ -61,16 +62,30 @@ def test_alone_equals_greedy_recompute_without_cache(make_tiny, oracle, alone) -
         assert tuple(tokens[len(prompt) :]) == output
 
 
-@pytest.mark.parametrize("admission", ["reserve", "optimistic"])
+@pytest.mark.parametrize(
+    ("admission", "overlap", "compiled"),
+    [
+        ("reserve", False, False),
+        ("optimistic", False, False),
+        ("reserve", True, False),
+        ("reserve", True, True),
+    ],
+    ids=["reserve", "optimistic", "reserve-overlap", "reserve-overlap-compiled"],
+)
 @pytest.mark.parametrize("mode", MODES)
-def test_batched_with_joins_equals_alone(make_tiny, alone, mode: str, admission: str) -> None:
+def test_batched_with_joins_equals_alone(
+    make_tiny, alone, mode: str, admission: str, overlap: bool, compiled: bool
+) -> None:
+    model = make_tiny(mode)
+    model.compile_decode = compiled  # compiles the paged path only
     engine = Engine(
-        make_tiny(mode),
+        model,
         num_pages=32,  # fewer than the 63 pages the trace allocates: freed pages are reused
         page_size=4,
         max_batch_size=3,
         prefill_step=8,
         admission=admission,
+        overlap_decode=overlap,
     )
     outputs: dict[int, list[int]] = {}
     ids = [

@@ -255,14 +255,14 @@ class _RecordingStore:
         self.inner.restore(snapshot)
 
 
-def test_any_kv_store_is_snapshotted_and_restored_around_a_failed_step(make_engine) -> None:
+def test_any_kv_store_is_snapshotted_and_restored_around_a_failed_step(make_sync_engine) -> None:
     class WrappedStorage(FailingModel):
         def make_kv_storage(self, pool):
             self.store = _RecordingStore(super().make_kv_storage(pool))
             return self.store
 
     model = WrappedStorage(_once(lambda md: md.query_len == 1), lazy=True)
-    engine = make_engine(model)
+    engine = make_sync_engine(model)
     request = engine.add_request([1, 2, 3], PARAMS)
     engine.step()  # prefill: evaluated through step_arrays
     assert model.store.calls == ["snapshot", "step_arrays"]

@@ -20,9 +20,9 @@ def _calls_per_step(engine, model: ContextHashModel) -> list[list[tuple[int, int
     return steps
 
 
-def test_prefill_runs_in_chunks_and_decode_starts_the_next_step(make_engine) -> None:
+def test_prefill_runs_in_chunks_and_decode_starts_the_next_step(make_sync_engine) -> None:
     model = ContextHashModel()
-    engine = make_engine(model, prefill_step=8)
+    engine = make_sync_engine(model, prefill_step=8)
     engine.add_request(list(range(20)), SamplingParams(max_new_tokens=3))
     steps = _calls_per_step(engine, model)
     # (B, L, max_pages): chunks of 8, 8, 4 (the last one samples the first token), then decode.
@@ -35,9 +35,9 @@ def test_prefill_runs_in_chunks_and_decode_starts_the_next_step(make_engine) -> 
     ]
 
 
-def test_each_step_makes_one_decode_call_and_prefills_within_budget(make_engine) -> None:
+def test_each_step_makes_one_decode_call_and_prefills_within_budget(make_sync_engine) -> None:
     model = ContextHashModel()
-    engine = make_engine(model, max_batch_size=4, prefill_step=8)
+    engine = make_sync_engine(model, max_batch_size=4, prefill_step=8)
     rng = random.Random(2)
     for prompt in random_prompts(rng, 9, max_len=25):
         engine.add_request(prompt, SamplingParams(max_new_tokens=rng.randint(1, 12)))

@@ -2,6 +2,15 @@
 
 One step = plan (scheduler) -> copy-on-write copies -> one batched decode call -> one call per
 prefill chunk -> one host synchronisation that samples every row -> bookkeeping and events.
+
+With `overlap_decode`, a decode-only step whose successor is certain (the same requests, none
+ending by length, no admission possible) launches that successor before it synchronises: the
+next step's tokens are read on the device from this step's samples, and the host plans and
+builds step n + 1 while the device still runs step n. A request that samples a stop token
+then has one decode row computed past its end, which is discarded. MLX raises an evaluation
+failure at whichever synchronisation or submission comes next, so a failure of either step
+fails both (their requests are the same); a request may then fail one token earlier than
+without overlap, and never reports a token of a failed step.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from pageruntime.errors import RequestRejected
 from pageruntime.events import emit
 from pageruntime.protocols import KVStore, Sampler, StepModel
 from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
-from pageruntime.runner import StepRunner
+from pageruntime.runner import LaunchedStep, StepRunner
 from pageruntime.sampling import SamplingParams, sample_tokens
 from pageruntime.scheduler import AdmissionPolicy, Scheduler
 from pageruntime.stats import EngineStats, StatsRecorder
@@ -38,9 +47,13 @@ class Engine:
         prefill_step: Prefill tokens per step, over all chunks, >= 1.
         admission: `reserve` or `optimistic` (see `AdmissionPolicy`).
         sampler: Picks tokens from logits; `sample_tokens` by default.
+        overlap_decode: Launch the next decode step before synchronising on this one when
+            its work is certain (see the module docstring); reserve admission only.
 
     Raises:
-        ValueError: A size is not an int >= 1, `admission` is unknown, or the model's
+        ValueError: A size is not an int >= 1, `admission` is unknown, `overlap_decode` is
+            set with optimistic admission (a preemption could drop a pending token), or the
+            model's
             `max_seq_len` is not an int >= 1 or its `vocab_size` not an int in [1, 2**31].
         TypeError: `model` lacks the `StepModel` members, `sampler` is not callable, or the
             model's storage is not a `KVStore` over the engine's pool.
@@ -64,6 +77,7 @@ class Engine:
         prefill_step: int = 128,
         admission: AdmissionPolicy | str = AdmissionPolicy.RESERVE,
         sampler: Sampler | None = None,
+        overlap_decode: bool = False,
     ) -> None:
         # Everything is checked before `make_kv_storage`, which may allocate gigabytes.
         _check_positive_int("num_pages", num_pages)
@@ -72,6 +86,11 @@ class Engine:
         _check_positive_int("prefill_step", prefill_step)
         if admission not in set(AdmissionPolicy):
             raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
+        if overlap_decode and admission != AdmissionPolicy.RESERVE:
+            raise ValueError(
+                "overlap_decode needs admission='reserve': under optimistic admission planning "
+                "may preempt a request whose last token is still on the device"
+            )
         if sampler is not None and not callable(sampler):
             raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
         if not isinstance(model, StepModel):
@@ -109,6 +128,9 @@ class Engine:
             admission=AdmissionPolicy(admission),
             max_seq_len=self._max_seq_len,
         )
+        self._max_batch_size = max_batch_size
+        self._overlap_decode = overlap_decode
+        self._in_flight: LaunchedStep | None = None  # launched ahead, not yet collected
         self._requests: dict[int, Request] = {}  # unfinished requests only
         self._num_submitted = 0
         self._pending: list[TokenEvent] = []  # ends that happened between steps (aborts)
@@ -282,21 +304,54 @@ class Engine:
 
     def _step(self) -> tuple[list[TokenEvent], bool]:
         started = time.perf_counter()
-        step = self._stats.steps
-        plan = self._scheduler.schedule(step)
-        # Taken once planning returned: ends queued by `abort` are never lost to a failure.
-        events, self._pending = self._pending, []
-        events += [self._ended(request) for request in plan.finished]
-        if not plan.works:
-            return events, False
-        outcome = self._runner.run(plan, step)
+        launched = self._in_flight
+        if launched is None:
+            step = self._stats.steps
+            plan = self._scheduler.schedule(step)
+            # Taken once planning returned: ends queued by `abort` are never lost to a failure.
+            events, self._pending = self._pending, []
+            events += [self._ended(request) for request in plan.finished]
+            if not plan.works:
+                return events, False
+            launched = self._runner.launch(plan, step)
+        else:
+            events, self._pending = self._pending, []
+        self._in_flight = None
+        ended_ahead: list[Request] = []
+        if self._can_launch_ahead(launched):
+            try:
+                self._in_flight, ended_ahead = self._launch_ahead(launched)
+            except BaseException:  # planning raised: collect `launched` at the next step
+                for work in launched.plan.decode:
+                    work.request.drop_pending_output()
+                self._in_flight, self._pending = launched, events + self._pending
+                raise
+        ahead = self._in_flight
+        if ahead is not None and ahead.submit_error is not None:
+            # MLX may raise a failure of `launched` only when a step that reads its arrays is
+            # submitted: then `launched`'s own results cannot be trusted either.
+            outcome = self._runner.fail(launched, ahead.submit_error)
+        else:
+            outcome = self._runner.collect(launched)
+        if outcome.evaluation_failed:
+            # The step ahead was built on the failed step's storage, and decoded only
+            # requests that fail now: drop it (the storage is back to its state before both).
+            self._in_flight = None
+        step, plan = launched.step, launched.plan
         for requests, error in outcome.failures:
+            for request in requests:
+                request.drop_pending_output()
             events += [
                 self._end(request, FinishReason.FAILED, step, error=error)
                 for request in requests
                 if not request.finished
             ]
-        events += [self._add_token(request, token, step) for request, token in outcome.tokens]
+        for request, token in outcome.tokens:
+            if request.finished:  # aborted, or failed while its next step was planned
+                request.drop_pending_output()
+                continue
+            events.append(self._add_token(request, token, step))
+        events += [self._ended(request) for request in ended_ahead]
         self._stats.record_step(
             time.perf_counter() - started,
             prefill_tokens=sum(len(work.token_ids) for work in plan.prefill),
@@ -304,8 +359,40 @@ class Engine:
         )
         return events, True
 
+    def _can_launch_ahead(self, launched: LaunchedStep) -> bool:
+        """Whether the step after `launched` is certain before its tokens are known: the
+        same decode rows, none ending by length, and no admission or preemption possible."""
+        plan = launched.plan
+        return (
+            self._overlap_decode
+            and bool(plan.decode)
+            and not plan.prefill
+            and not launched.failures
+            and launched.submit_error is None
+            and self._scheduler.num_running == len(plan.decode)
+            and (
+                self._scheduler.num_waiting == 0
+                or self._scheduler.num_running == self._max_batch_size
+            )
+            and not any(work.request.next_token_is_last for work in plan.decode)
+        )
+
+    def _launch_ahead(self, launched: LaunchedStep) -> tuple[LaunchedStep | None, list[Request]]:
+        """Plan and launch the step after `launched`, its decode rows reading their tokens
+        from `launched` on the device; also the requests that planning ended (reported after
+        `launched`'s tokens)."""
+        for work in launched.plan.decode:
+            work.request.add_pending_output()
+        step = launched.step + 1
+        plan = self._scheduler.schedule(step)
+        ahead = self._runner.launch(plan, step, previous=launched) if plan.works else None
+        return ahead, plan.finished
+
     def _add_token(self, request: Request, token: int, step: int) -> TokenEvent:
-        reason = request.add_output(token)
+        if request.has_pending_output:
+            reason = request.resolve_output(token)
+        else:
+            reason = request.add_output(token)
         if request.state is RequestState.PREFILL:
             request.state = RequestState.DECODE
             if len(request.output_ids) == 1:

@@ -13,7 +13,18 @@ from dataclasses import dataclass
 from pagepool import PageList
 from pageruntime.sampling import SamplingParams
 
-__all__ = ["FinishReason", "Request", "RequestOutput", "RequestState", "TokenEvent"]
+__all__ = [
+    "PENDING_TOKEN",
+    "FinishReason",
+    "Request",
+    "RequestOutput",
+    "RequestState",
+    "TokenEvent",
+]
+
+PENDING_TOKEN = -1
+"""Stands for an output token that a step still running on the device will produce (see
+`Request.add_pending_output`); never a token id."""
 
 
 class FinishReason(enum.StrEnum):
@@ -140,6 +151,42 @@ class Request:
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
         """Tokens `start .. stop - 1` of prompt followed by output."""
         return (self.prompt_ids + tuple(self.output_ids))[start:stop]
+
+    @property
+    def next_token_is_last(self) -> bool:
+        """Whether the next output token ends the request by length, whatever it is."""
+        return (
+            len(self.output_ids) + 1 >= self.params.max_new_tokens
+            or self.num_tokens + 1 >= self.max_seq_len
+        )
+
+    @property
+    def has_pending_output(self) -> bool:
+        """Whether the last output token is still `PENDING_TOKEN`."""
+        return bool(self.output_ids) and self.output_ids[-1] == PENDING_TOKEN
+
+    def add_pending_output(self) -> None:
+        """Count the token that a launched, unsynchronised decode step will produce, so the
+        next step can be planned before it is known (its slot follows this one)."""
+        if self.state is not RequestState.DECODE or self.has_pending_output:
+            raise RuntimeError(
+                f"internal error: request {self.request_id} ({self.state}) cannot take a "
+                "pending output token"
+            )
+        self.output_ids.append(PENDING_TOKEN)
+
+    def resolve_output(self, token: int) -> FinishReason | None:
+        """Replace the pending output token by `token`; as `add_output` otherwise."""
+        if not self.has_pending_output:
+            raise RuntimeError(f"internal error: request {self.request_id} has no pending token")
+        self.output_ids.pop()
+        return self.add_output(token)
+
+    def drop_pending_output(self) -> None:
+        """Forget the pending output token, if any (its step was dropped or ended the
+        request)."""
+        if self.has_pending_output:
+            self.output_ids.pop()
 
     def add_output(self, token: int) -> FinishReason | None:
         """Append a generated token; return why the request must end now, if it must."""

@@ -1,4 +1,5 @@
-"""`StepRunner`: turns a step plan into model calls, samples, and one host synchronisation.
+"""`StepRunner`: turns a step plan into model calls, samples, and one host synchronisation
+(`launch` builds and submits a step; `collect` waits for it).
 
 The decode rows share one call, padded with empty rows to a batch-size bucket; each prefill
 chunk is one call of a single row. Batch sizes and block-table widths are rounded up to a
@@ -9,7 +10,6 @@ shapes. A call that raises fails only its own requests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -17,10 +17,10 @@ import mlx.core as mx
 from pagepool import BatchMetadata
 from pageruntime.events import emit
 from pageruntime.protocols import KVStore, Sampler, StepModel
-from pageruntime.request import Request
+from pageruntime.request import PENDING_TOKEN, Request
 from pageruntime.scheduler import ScheduledWork, StepPlan
 
-__all__ = ["StepOutcome", "StepRunner"]
+__all__ = ["LaunchedStep", "StepOutcome", "StepRunner"]
 
 
 @dataclass(slots=True)
@@ -30,10 +30,51 @@ class StepOutcome:
     Attributes:
         tokens: `(request, token)` for every sampled row, in call order.
         failures: `(requests, error)` for every call (or the synchronisation) that raised.
+        evaluation_failed: Whether the synchronisation raised (the storage was restored to
+            the arrays the step started from, and every request of the step failed).
     """
 
     tokens: list[tuple[Request, int]] = field(default_factory=list)
     failures: list[tuple[list[Request], Exception]] = field(default_factory=list)
+    evaluation_failed: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class LaunchedStep:
+    """A step whose model calls are built and submitted (`mx.async_eval`), not yet
+    synchronised: `StepRunner.collect` turns it into a `StepOutcome`.
+
+    Attributes:
+        plan: The step's plan.
+        step: The step's index.
+        kv_before: The storage's arrays before the step (restored if it fails).
+        kv_after: The storage's arrays the step wrote (evaluated by `collect`).
+        requests: The sampled rows' requests, in the order of `tokens`.
+        tokens: The sampled tokens, int32 `[len(requests)]`, or None if nothing samples.
+        failures: `(requests, error)` for every call that raised while building.
+        submit_error: What `mx.async_eval` raised, if it did (`collect` fails the step).
+    """
+
+    plan: StepPlan
+    step: int
+    kv_before: tuple[tuple[mx.array, ...], tuple[mx.array, ...]]
+    kv_after: list[mx.array] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    tokens: mx.array | None = None
+    failures: list[tuple[list[Request], Exception]] = field(default_factory=list)
+    submit_error: Exception | None = None
+
+    @property
+    def outputs(self) -> list[mx.array]:
+        """What the step computes: its sampled tokens and the storage it wrote."""
+        return ([] if self.tokens is None else [self.tokens]) + self.kv_after
+
+    def row_of(self, request: Request) -> int:
+        """The index of `request`'s sampled token in `tokens`."""
+        for row, sampled in enumerate(self.requests):
+            if sampled is request:
+                return row
+        raise KeyError(f"request {request.request_id} samples no token in step {self.step}")
 
 
 class StepRunner:
@@ -65,39 +106,75 @@ class StepRunner:
 
     def run(self, plan: StepPlan, step: int) -> StepOutcome:
         """Copy-on-write copies, the decode call, each prefill call, then one evaluation."""
-        outcome = StepOutcome()
-        kv_before = self._kv.snapshot()
+        return self.collect(self.launch(plan, step))
+
+    def launch(
+        self, plan: StepPlan, step: int, previous: LaunchedStep | None = None
+    ) -> LaunchedStep:
+        """Build the step's copies and model calls and submit them without waiting.
+
+        Decode rows whose token is `PENDING_TOKEN` take it from `previous.tokens` on the
+        device: `previous` is the launched step that samples it.
+        """
+        launched = LaunchedStep(plan=plan, step=step, kv_before=self._kv.snapshot())
         try:
             self._kv.copy_pages(plan.copies)
         except Exception as error:
-            outcome.failures.append(([work.request for work in plan.works], error))
-            return outcome
+            launched.failures.append(([work.request for work in plan.works], error))
+            return launched
         sampled: list[tuple[list[ScheduledWork], mx.array]] = []
         calls = [(plan.decode, False)] if plan.decode else []
         calls += [([work], True) for work in plan.prefill]
         for works, is_prefill in calls:
             try:
-                tokens = self._call(works, is_prefill, step)
+                tokens = self._call(works, is_prefill, step, previous)
             except Exception as error:
-                outcome.failures.append(([work.request for work in works], error))
+                launched.failures.append(([work.request for work in works], error))
                 continue
             if tokens is not None:
                 sampled.append((works, tokens))
+        launched.requests = [work.request for works, _ in sampled for work in works]
+        if sampled:
+            launched.tokens = mx.concatenate([tokens for _, tokens in sampled])
+        launched.kv_after = self._kv.step_arrays()
         try:
-            token_ids = self._evaluate([tokens for _, tokens in sampled])
-        except Exception as error:
-            # The step's output arrays failed to evaluate: go back to the array objects the
-            # step started from. That restores usable arrays, not data: an in-place write_kv
-            # (and any copy-on-write copy) changed those same buffers. This is harmless: only
-            # pages owned by this step's requests were written, and they all fail and free them.
-            self._kv.restore(kv_before)
-            outcome.failures.append(([work.request for work in plan.works], error))
+            mx.async_eval(*launched.outputs)
+        except Exception as error:  # some failures surface at submission already
+            launched.submit_error = error
+        return launched
+
+    def collect(self, launched: LaunchedStep) -> StepOutcome:
+        """The step's one host synchronisation: its sampled tokens and written storage."""
+        outcome = StepOutcome(failures=list(launched.failures))
+        if launched.failures and not launched.kv_after:  # the copies failed: nothing ran
             return outcome
-        requests = [work.request for works, _ in sampled for work in works]
-        outcome.tokens = list(zip(requests, token_ids, strict=True))
+        try:
+            if launched.submit_error is not None:
+                raise launched.submit_error
+            mx.eval(*launched.outputs)
+            token_ids = [] if launched.tokens is None else launched.tokens.tolist()
+        except Exception as error:
+            return self.fail(launched, error)
+        outcome.tokens = list(zip(launched.requests, token_ids, strict=True))
         return outcome
 
-    def _call(self, works: list[ScheduledWork], is_prefill: bool, step: int) -> mx.array | None:
+    def fail(self, launched: LaunchedStep, error: Exception) -> StepOutcome:
+        """Give up on a launched step whose arrays failed to evaluate: every request of it
+        fails with `error`, and the storage goes back to the array objects the step started
+        from. That restores usable arrays, not data: an in-place write_kv (and any
+        copy-on-write copy) changed those same buffers. This is harmless: only pages owned by
+        this step's requests were written, and they all fail and free them."""
+        self._kv.restore(launched.kv_before)
+        requests = [work.request for work in launched.plan.works]
+        return StepOutcome(failures=[*launched.failures, (requests, error)], evaluation_failed=True)
+
+    def _call(
+        self,
+        works: list[ScheduledWork],
+        is_prefill: bool,
+        step: int,
+        previous: LaunchedStep | None,
+    ) -> mx.array | None:
         """One model call for rows of equal query length; the sampled tokens, if it samples."""
         L = len(works[0].token_ids)
         B = _bucket(len(works), self._max_batch_size)
@@ -108,7 +185,7 @@ class StepRunner:
             query_len=L,
             max_pages=_bucket(widest, self._max_row_pages),
         )
-        tokens = mx.array([work.token_ids for work in works] + [(0,) * L] * padding, mx.int32)
+        tokens = self._input_tokens(works, L, padding, previous)
         logits = self._model.step(tokens, metadata, self._kv)
         if tuple(logits.shape) != (B, self._vocab_size):
             raise ValueError(
@@ -138,11 +215,21 @@ class StepRunner:
             )
         return tokens
 
-    def _evaluate(self, sampled: Sequence[mx.array]) -> list[int]:
-        """The step's one host synchronisation: every sampled token and the written storage."""
-        tokens = mx.concatenate(list(sampled)) if sampled else mx.array([], dtype=mx.int32)
-        mx.eval(tokens, *self._kv.step_arrays())
-        return tokens.tolist()
+    @staticmethod
+    def _input_tokens(
+        works: list[ScheduledWork], L: int, padding: int, previous: LaunchedStep | None
+    ) -> mx.array:
+        """int32 `[B, L]`: the rows' tokens, pending ones read from `previous` on the device."""
+        host = [work.token_ids for work in works] + [(0,) * L] * padding
+        pending = [row for row, ids in enumerate(host) if ids == (PENDING_TOKEN,)]
+        if not pending:
+            return mx.array(host, mx.int32)
+        if previous is None or previous.tokens is None:
+            raise RuntimeError("internal error: a pending token without the step that samples it")
+        tokens = mx.array([(0,) if ids == (PENDING_TOKEN,) else ids for ids in host], mx.int32)
+        source = mx.array([previous.row_of(works[row].request) for row in pending])
+        tokens[mx.array(pending), 0] = previous.tokens[source]
+        return tokens
 
 
 def _bucket(n: int, cap: int) -> int:

@@ -109,6 +109,16 @@ class Scheduler:
         self._num_admissions = 0
         self.num_preemptions = 0
 
+    @property
+    def num_running(self) -> int:
+        """Requests admitted and not finished (prefilling or decoding)."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self._waiting)
+
     def check_admissible(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise `RequestRejected` if such a request could never run, even in an empty pool."""
         if self._admission is AdmissionPolicy.RESERVE:

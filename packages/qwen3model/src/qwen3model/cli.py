@@ -94,6 +94,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default="reserve",
         help="reserve prompt+max tokens up front, or admit on prompt and preempt when full",
     )
+    engine.add_argument(
+        "--overlap-decode",
+        action="store_true",
+        help="launch the next decode step before waiting for this one (host work overlaps "
+        "the device; reserve admission only)",
+    )
 
     generate = subparsers.add_parser(
         "generate", parents=[common, engine], help="generate text for one or more prompts"
@@ -175,7 +181,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     try:
-        args = setup_arg_parser().parse_args(argv)
+        parser = setup_arg_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "overlap_decode", False) and args.admission != "reserve":
+            parser.error("--overlap-decode needs --admission reserve")
         configure_logging(args.log_format)
         cmd.select_device(args.device)
         return args.handler(args)

@@ -185,6 +185,7 @@ def generate(args: argparse.Namespace) -> int:
         max_batch_size=batch_size,
         prefill_step=args.prefill_step or DEFAULT_PREFILL_STEP,
         admission=args.admission,
+        overlap_decode=args.overlap_decode,
     )
     request_ids = [engine.add_request(ids, params) for ids in prompt_ids]
     return _stream_outputs(engine, tokenizer, request_ids, params.stop_token_ids)
@@ -270,7 +271,14 @@ def serve_bench(args: argparse.Namespace) -> int:
             # The total is the most the trace can generate; a request may end sooner.
             task = progress.add_task(f"{variant:>6}", total=sum(r.max_new_tokens for r in requests))
             if warmup:
-                run_variant(model, AttentionMode(variant), trace, warmup, admission=args.admission)
+                run_variant(
+                    model,
+                    AttentionMode(variant),
+                    trace,
+                    warmup,
+                    admission=args.admission,
+                    overlap_decode=args.overlap_decode,
+                )
             result = run_variant(
                 model,
                 AttentionMode(variant),
@@ -278,6 +286,7 @@ def serve_bench(args: argparse.Namespace) -> int:
                 requests,
                 admission=args.admission,
                 num_pages=args.num_pages,
+                overlap_decode=args.overlap_decode,
                 on_token=lambda task=task: progress.advance(task),
             )
             progress.update(task, total=result.output_tokens)
@@ -298,6 +307,7 @@ def serve_bench(args: argparse.Namespace) -> int:
             "device": _device_name(),
             "kernel_backend": args.kernel_backend,
             "compile_decode": model.compile_decode,
+            "overlap_decode": args.overlap_decode,
             "page_size": trace.page_size,
             "admission": args.admission,
             "num_pages": trace.num_pages if args.num_pages is None else args.num_pages,

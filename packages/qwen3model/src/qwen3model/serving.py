@@ -137,8 +137,9 @@ class ServingResult:
     """Measurements of one variant on one trace.
 
     Attributes:
-        variant: Attention path (`dense`, `gather`, `paged`); `paged+compile` when the paged
-            decode steps ran through `mx.compile` (`Qwen3Model.compile_decode`).
+        variant: Attention path (`dense`, `gather`, `paged`); `+compile` when the paged
+            decode steps ran through `mx.compile` (`Qwen3Model.compile_decode`), `+overlap`
+            when the engine launched each decode step before collecting the previous one.
         num_requests: Requests served.
         prefill_tokens: Tokens prefilled (recomputation after preemption included).
         output_tokens: Tokens the engine generated (every rate counts these, never the
@@ -146,7 +147,9 @@ class ServingResult:
         wall_s: Seconds from the first submission to the last token.
         prefill_tokens_per_s: Prefill tokens per second of synchronized prefill calls.
         output_tokens_per_s: Generated tokens per wall-clock second.
-        decode_tokens_per_s: Decode tokens per second of synchronized decode calls.
+        decode_tokens_per_s: Decode tokens per second of synchronized decode calls (with
+            overlap: of consecutive decode-only steps, each timed from its decode call to the
+            next).
         requests_per_s: Requests per wall-clock second.
         decode_step_ms: Median, p95 and max of the synchronized decode calls, in ms.
         peak_kv_bytes: Peak K/V memory: live pages x page bytes (paged, gather), or the
@@ -179,16 +182,23 @@ class ServingResult:
 
 
 class _TimedModel:
-    """A `StepModel` proxy that synchronizes and times every call (the benchmark's probe)."""
+    """A `StepModel` proxy that times every call (the benchmark's probe).
 
-    def __init__(self, model: Qwen3Model) -> None:
+    It synchronizes and times each call, except decode calls when `overlapped` (the engine
+    launches a decode step before the previous one is collected, and a synchronisation here
+    would serialise them): then a decode step's time is the interval between two consecutive
+    decode calls with no prefill call between them, the engine's whole step period."""
+
+    def __init__(self, model: Qwen3Model, *, overlapped: bool = False) -> None:
         self.model = model
+        self.overlapped = overlapped
         self.prefill_s = 0.0
         self.decode_times: list[float] = []
         self.decode_rows: list[int] = []  # live (unpadded) rows of each decode call
         self.max_tail_waste = 0
         self.pool: PagePool | None = None
         self.kv: KVStorage | DenseKVStore | None = None
+        self._last_decode: tuple[float, int] | None = None  # (start, rows) when overlapped
 
     @property
     def max_seq_len(self) -> int:
@@ -205,15 +215,33 @@ class _TimedModel:
     def step(
         self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
     ) -> mx.array:
+        rows = sum(n > 0 for n in metadata.context_lens_host)
+        if self.overlapped and metadata.query_len == 1:
+            start = time.perf_counter()
+            if self._last_decode is not None:
+                previous_start, previous_rows = self._last_decode
+                self.decode_times.append(start - previous_start)
+                self.decode_rows.append(previous_rows)
+            self._last_decode = (start, rows)
+            return self._step_and_track(tokens, metadata, kv)
+        if self.overlapped:
+            mx.eval(kv.step_arrays())  # the decode call launched before this one
+            self._last_decode = None
         start = time.perf_counter()
-        logits = self.model.step(tokens, metadata, kv)
+        logits = self._step_and_track(tokens, metadata, kv)
         mx.eval(logits, *kv.step_arrays())
         elapsed = time.perf_counter() - start
         if metadata.query_len == 1:
             self.decode_times.append(elapsed)
-            self.decode_rows.append(sum(n > 0 for n in metadata.context_lens_host))
+            self.decode_rows.append(rows)
         else:
             self.prefill_s += elapsed
+        return logits
+
+    def _step_and_track(
+        self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
+    ) -> mx.array:
+        logits = self.model.step(tokens, metadata, kv)
         assert self.pool is not None
         self.max_tail_waste = max(self.max_tail_waste, self.pool.metrics().tail_waste_slots)
         return logits
@@ -227,6 +255,7 @@ def run_variant(
     *,
     admission: str = "reserve",
     num_pages: int | None = None,
+    overlap_decode: bool = False,
     on_token: Callable[[], None] | None = None,
 ) -> ServingResult:
     """Serves `requests` on a fresh engine with `model` switched to `variant`.
@@ -238,13 +267,14 @@ def run_variant(
         requests: What to serve (see `make_requests`).
         admission: Engine admission policy.
         num_pages: KV pool capacity (default `trace.num_pages`).
+        overlap_decode: Run the engine with `overlap_decode` (reserve admission only).
         on_token: Called after every generated token (progress bars).
 
     Raises:
         RuntimeError: A request failed.
     """
     model.attention_mode = AttentionMode(variant)
-    timed = _TimedModel(model)
+    timed = _TimedModel(model, overlapped=overlap_decode)
     engine = Engine(
         timed,
         num_pages=trace.num_pages if num_pages is None else num_pages,
@@ -252,6 +282,7 @@ def run_variant(
         max_batch_size=trace.batch_size,
         prefill_step=trace.prefill_step,
         admission=admission,
+        overlap_decode=overlap_decode,
     )
     copied_before = model.copied_bytes
     start = time.perf_counter()
@@ -280,6 +311,8 @@ def run_variant(
     label = model.attention_mode.value
     if model.compile_decode and model.attention_mode is AttentionMode.PAGED:
         label += "+compile"
+    if overlap_decode:
+        label += "+overlap"
     rows = timed.decode_rows
     return ServingResult(
         variant=label,

@@ -1,0 +1,136 @@
+"""`overlap_decode`: the next decode step is launched before this one is collected.
+
+The rest of the suite runs every engine test in both modes (`make_engine`); these tests check
+what only the overlapped mode does: when it launches ahead, what it discards, and that a
+failure drops the step launched on top of the failed one.
+"""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from pageruntime import Engine, FinishReason, SamplingParams
+from pageruntime.testing import ContextHashModel, FailingModel, context_hash, reference_output
+
+
+def _engine(model: ContextHashModel, *, overlap: bool, **kwargs: object) -> Engine:
+    options: dict[str, object] = dict(num_pages=64, page_size=4, prefill_step=8)
+    return Engine(model, overlap_decode=overlap, **{**options, **kwargs})
+
+
+def _assert_pool_empty(engine: Engine) -> None:
+    pool = engine.pool
+    assert pool.num_live == 0 and pool.num_free == pool.capacity
+
+
+def test_decode_steps_are_launched_one_step_ahead() -> None:
+    params = SamplingParams(max_new_tokens=10)
+    models = {overlap: ContextHashModel() for overlap in (False, True)}
+    engines = {overlap: _engine(models[overlap], overlap=overlap) for overlap in (False, True)}
+    ids = {overlap: engines[overlap].add_request([5, 6, 7], params) for overlap in (False, True)}
+    tokens: dict[bool, list[int]] = {False: [], True: []}
+    ahead = []
+    while engines[False].has_unfinished():
+        for overlap, engine in engines.items():
+            tokens[overlap] += [e.token for e in engine.step() if e.request_id == ids[overlap]]
+        ahead.append(len(models[True].calls) - len(models[False].calls))
+    assert tokens[True] == tokens[False] == reference_output([5, 6, 7], params, max_seq_len=256)
+    # Prefill (1 step), then decode steps with one call in flight, except at the step whose
+    # token is the last: nothing is launched past the end of a request.
+    assert ahead == [0] + [1] * 8 + [0]
+    assert all(L == 1 for _, L, _ in models[True].calls[1:])
+    _assert_pool_empty(engines[True])
+
+
+def test_a_stop_token_discards_the_row_computed_past_it() -> None:
+    prompt = [3, 1, 4]
+    reference = reference_output(prompt, SamplingParams(max_new_tokens=20), max_seq_len=256)
+    stop = reference[4]
+    assert stop not in reference[:4] and context_hash(prompt) != stop
+    params = SamplingParams(max_new_tokens=20, stop_token_ids=(stop,))
+    model = ContextHashModel()
+    engine = _engine(model, overlap=True)
+    [output] = engine.generate([prompt], params)
+    assert list(output.output_ids) == reference[:5] and output.finish_reason is FinishReason.STOP
+    # 1 prefill call, 4 decode calls for tokens 2..5, 1 more launched before token 5 was seen.
+    assert len(model.calls) == 6
+    _assert_pool_empty(engine)
+    # The discarded row wrote into a page that was freed: later requests are still exact.
+    [again] = engine.generate([[9, 9, 2, 6]], SamplingParams(max_new_tokens=7))
+    assert list(again.output_ids) == reference_output(
+        [9, 9, 2, 6], SamplingParams(max_new_tokens=7), max_seq_len=256
+    )
+
+
+def test_admissions_happen_at_the_same_steps_as_without_overlap() -> None:
+    params = [SamplingParams(max_new_tokens=n) for n in (3, 9, 5, 4, 7)]
+    prompts = [[n, n + 1, n + 2] for n in range(5)]
+    admitted = {}
+    for overlap in (False, True):
+        engine = _engine(ContextHashModel(), overlap=overlap, max_batch_size=2)
+        with capture_logs() as logs:
+            outputs = engine.generate(prompts, params)
+        admitted[overlap] = [e["step"] for e in logs if e["event"] == "request_admitted"]
+        for prompt, p, output in zip(prompts, params, outputs, strict=True):
+            assert list(output.output_ids) == reference_output(prompt, p, max_seq_len=256)
+    assert admitted[True] == admitted[False]
+
+
+def test_abort_while_a_step_is_in_flight_reports_no_token_for_it() -> None:
+    model = ContextHashModel()
+    engine = _engine(model, overlap=True, max_batch_size=2)
+    params = SamplingParams(max_new_tokens=12)
+    kept = engine.add_request([1, 2, 3], params)
+    aborted = engine.add_request([4, 5, 6], params)
+    while len(model.calls) < 4:  # both prefilled, then decode steps in flight
+        engine.step()
+    calls = len(model.calls)
+    assert engine.abort(aborted)
+    events = engine.step()
+    assert [(e.token, e.finish_reason) for e in events if e.request_id == aborted] == [
+        (None, FinishReason.ABORTED)
+    ]
+    assert len(model.calls) == calls  # a row of the aborted request was in flight: no launch
+    outputs = [e.token for e in events if e.request_id == kept]
+    while engine.has_unfinished():
+        outputs += [e.token for e in engine.step() if e.request_id == kept]
+    assert outputs == reference_output([1, 2, 3], params, max_seq_len=256)[-len(outputs) :]
+    _assert_pool_empty(engine)
+
+
+def test_a_step_that_fails_at_evaluation_drops_the_step_launched_on_it() -> None:
+    # The decode call at context length 6 fails when evaluated, after the next was launched
+    # (MLX raises the failure when that next step is submitted).
+    fired: list[bool] = []
+
+    def first_call_at_context_6(md) -> bool:
+        if fired or not (md.query_len == 1 and 6 in md.context_lens_host):
+            return False
+        fired.append(True)
+        return True
+
+    model = FailingModel(first_call_at_context_6, lazy=True)
+    engine = _engine(model, overlap=True)
+    params = SamplingParams(max_new_tokens=8)
+    failed = engine.add_request([1, 2, 3], params)
+    events = []
+    while engine.has_unfinished():
+        events += engine.step()
+    assert [e.finish_reason for e in events if e.finished] == [FinishReason.FAILED]
+    # Tokens 1-3 come from context lengths 3-5. MLX reports the failure at whichever
+    # synchronisation comes next, so it may fail the step before the failing one too.
+    tokens = [e.token for e in events if e.request_id == failed and not e.finished]
+    assert len(tokens) in (2, 3)
+    assert tokens == reference_output([1, 2, 3], params, max_seq_len=256)[: len(tokens)]
+    _assert_pool_empty(engine)
+    # Storage is back to its state before the failed step: a new request is exact.
+    [output] = engine.generate([[7, 7]], SamplingParams(max_new_tokens=9))
+    assert list(output.output_ids) == reference_output(
+        [7, 7], SamplingParams(max_new_tokens=9), max_seq_len=256
+    )
+
+
+def test_overlap_needs_reserve_admission() -> None:
+    with pytest.raises(ValueError, match="overlap_decode needs admission='reserve'"):
+        _engine(ContextHashModel(), overlap=True, admission="optimistic")
