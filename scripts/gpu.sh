@@ -66,14 +66,14 @@ fi
 if has_stage serve; then
   section "serving benchmark (synthetic Qwen3-4B, the seed's trace)"
   timeout "${SERVE_TIMEOUT_S:-240}" python3 -m qwen3model serve-bench --device gpu \
-    --json-output "$OUT/serving.json" 2>&1 | tee "$OUT/serving.log" | tail -n 30
+    --json-output "$OUT/serving.json" 2>&1 | tee -a "$OUT/serving.log" | tail -n 30
   section "serving benchmark, paged with the compiled decode step"
   timeout "${SERVE_TIMEOUT_S:-240}" python3 -m qwen3model serve-bench --device gpu --compile-decode \
-    --variants paged --json-output "$OUT/serving-compiled.json" 2>&1 | tee "$OUT/serving-compiled.log" | tail -n 12
+    --variants paged --json-output "$OUT/serving-compiled.json" 2>&1 | tee -a "$OUT/serving.log" | tail -n 12
   section "serving benchmark, paged, compiled, each decode step launched before the previous is collected"
   timeout "${SERVE_TIMEOUT_S:-240}" python3 -m qwen3model serve-bench --device gpu --compile-decode \
     --overlap-decode --variants paged --json-output "$OUT/serving-overlap.json" 2>&1 \
-    | tee "$OUT/serving-overlap.log" | tail -n 12
+    | tee -a "$OUT/serving.log" | tail -n 12
 fi
 
 if has_stage mlxlm; then
