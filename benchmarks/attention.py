@@ -89,6 +89,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reuse-factor", type=int, default=4, help="bytes between reuses / cache")
     parser.add_argument("--backend", default="native", help="pagekernels backend under test")
     parser.add_argument("--reference", default="reference", help="pagekernels oracle backend")
+    parser.add_argument(
+        "--decode-splits",
+        type=int,
+        default=0,
+        help="force the CUDA decode attention into this many key chunks (0: the planner's)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cooldown-seconds", type=float, default=0.0)
     parser.add_argument("--time-limit-s", type=float, help="start no new process after this")
@@ -146,6 +152,7 @@ def _worker_config(args: argparse.Namespace, path: str, seed: int) -> WorkerConf
         memory_budget=int(args.memory_budget_gb * 1e9),
         cache_bytes=int(args.cache_mb * 1e6),
         reuse_factor=args.reuse_factor,
+        decode_splits=args.decode_splits,
     )
 
 
