@@ -145,6 +145,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   const SplitPlan plan =
       plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
                   int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
+                  decode ? kMaxAutoDecodeSplits : kMaxSplits,
                   decode ? decode_num_splits() : prefill_num_splits());
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
