@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
+    if args.step_only and args.attention_splits:
+        parser.error("--attention-splits times more than the step: drop --step-only")
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     dtype = DTYPES[args.dtype]
 

@@ -36,7 +36,8 @@ def make_engine(request: pytest.FixtureRequest) -> Callable[..., Engine]:
 
     Every test that uses it runs twice: with synchronous steps, and with `overlap_decode` (the
     next decode step launched before this one is collected) wherever the admission policy
-    allows it; both must behave the same."""
+    allows it (optimistic admission runs synchronous steps under both ids); both must behave
+    the same."""
     return _engine_factory(request.param)
 
 

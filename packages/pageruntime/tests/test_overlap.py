@@ -7,11 +7,22 @@ failure drops the step launched on top of the failed one.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from structlog.testing import capture_logs
 
 from pageruntime import Engine, FinishReason, SamplingParams
-from pageruntime.testing import ContextHashModel, FailingModel, context_hash, reference_output
+from pageruntime.request import PENDING_TOKEN
+from pageruntime.scheduler import Scheduler
+from pageruntime.testing import (
+    VOCAB_SIZE,
+    ContextHashModel,
+    FailingModel,
+    context_hash,
+    random_prompts,
+    reference_output,
+)
 
 
 def _engine(model: ContextHashModel, *, overlap: bool, **kwargs: object) -> Engine:
@@ -134,3 +145,133 @@ def test_a_step_that_fails_at_evaluation_drops_the_step_launched_on_it() -> None
 def test_overlap_needs_reserve_admission() -> None:
     with pytest.raises(ValueError, match="overlap_decode needs admission='reserve'"):
         _engine(ContextHashModel(), overlap=True, admission="optimistic")
+
+
+def _stop_at_fifth_token(prompt: list[int]) -> SamplingParams:
+    reference = reference_output(prompt, SamplingParams(max_new_tokens=20), max_seq_len=256)
+    assert reference[4] not in reference[:4]
+    return SamplingParams(max_new_tokens=20, stop_token_ids=(reference[4],))
+
+
+def test_stats_count_only_the_tokens_reported() -> None:
+    prompts = [[3, 1, 4], [5, 5]]
+    params = [_stop_at_fifth_token(prompts[0]), SamplingParams(max_new_tokens=12)]
+    stats = {}
+    for overlap in (False, True):
+        engine = _engine(ContextHashModel(), overlap=overlap)
+        outputs = engine.generate(prompts, params)
+        assert engine.stats.decode_tokens == sum(len(o.output_ids) - 1 for o in outputs)
+        engine.step()  # the discarded step still in flight: waited for, not counted
+        stats[overlap] = (engine.stats.steps, engine.stats.decode_tokens)
+        _assert_pool_empty(engine)
+    assert stats[True] == stats[False]
+
+
+def _planning_fails(monkeypatch: pytest.MonkeyPatch, step: int, request_id: int) -> None:
+    """`Scheduler._plan_tokens` raises for `request_id` when planning step `step`."""
+    original = Scheduler._plan_tokens
+
+    def plan_tokens(self, request, token_ids, samples, plan, planned_step):
+        if planned_step == step and request.request_id == request_id:
+            raise ValueError("planning exploded")
+        return original(self, request, token_ids, samples, plan, planned_step)
+
+    monkeypatch.setattr(Scheduler, "_plan_tokens", plan_tokens)
+
+
+def test_a_failure_while_planning_ahead_keeps_the_tokens_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _planning_fails(monkeypatch, step=4, request_id=0)
+    params = SamplingParams(max_new_tokens=10)
+    outputs = {}
+    for overlap in (False, True):
+        engine = _engine(ContextHashModel(), overlap=overlap)
+        [output] = engine.generate([[1, 2, 3]], params)
+        assert output.finish_reason is FinishReason.FAILED
+        outputs[overlap] = list(output.output_ids)
+        _assert_pool_empty(engine)
+    assert (
+        outputs[True] == outputs[False] == reference_output([1, 2, 3], params, max_seq_len=256)[:4]
+    )
+
+
+def test_a_step_planned_ahead_admits_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Planning request 0's row of step 3 (planned ahead) fails and frees a slot; the step
+    # before it fails at evaluation, so the step ahead is dropped. Had the step ahead admitted
+    # request 2, its prefill would have been dropped with it while its slots stayed appended.
+    _planning_fails(monkeypatch, step=3, request_id=0)
+    fired: list[bool] = []
+
+    def second_decode(md) -> bool:
+        if fired or md.query_len != 1 or sorted(md.context_lens_host)[-2:] != [4, 5]:
+            return False
+        fired.append(True)
+        return True
+
+    engine = _engine(FailingModel(second_decode, lazy=True), overlap=True, max_batch_size=2)
+    params = SamplingParams(max_new_tokens=10)
+    outputs = engine.generate([[1, 2, 3], [4, 5], [7, 7, 7]], params)
+    assert fired
+    assert [o.finish_reason for o in outputs[:2]] == [FinishReason.FAILED] * 2
+    assert list(outputs[2].output_ids) == reference_output([7, 7, 7], params, max_seq_len=256)
+    _assert_pool_empty(engine)
+
+
+class _InterruptedOnce(ContextHashModel):
+    """Raises `KeyboardInterrupt` while building the first decode call at context length 6
+    (a Ctrl-C while the host builds the step ahead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fired = False
+
+    def step(self, tokens, metadata, kv):
+        if not self.fired and metadata.query_len == 1 and 6 in metadata.context_lens_host:
+            self.fired = True
+            raise KeyboardInterrupt
+        return super().step(tokens, metadata, kv)
+
+
+def test_an_interrupt_while_launching_ahead_fails_those_requests_and_nothing_else() -> None:
+    model = _InterruptedOnce()
+    engine = _engine(model, overlap=True)
+    interrupted = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8))
+    with pytest.raises(KeyboardInterrupt):
+        while engine.has_unfinished():
+            engine.step()
+    assert model.fired
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (interrupted, FinishReason.FAILED)
+    assert isinstance(event.error, KeyboardInterrupt) and not engine.has_unfinished()
+    _assert_pool_empty(engine)
+    [output] = engine.generate([[9, 4]], SamplingParams(max_new_tokens=6))
+    assert list(output.output_ids) == reference_output(
+        [9, 4], SamplingParams(max_new_tokens=6), max_seq_len=256
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_traces_give_every_request_the_same_tokens(seed: int) -> None:
+    rng = random.Random(seed)
+    prompts = random_prompts(rng, 10, max_len=12)
+    params = [
+        SamplingParams(
+            max_new_tokens=rng.randint(1, 15),
+            temperature=rng.choice([0.0, 0.8]),
+            seed=rng.randrange(1000),
+            stop_token_ids=tuple(rng.sample(range(VOCAB_SIZE), 3)),
+        )
+        for _ in prompts
+    ]
+    batch = rng.randint(1, 4)
+    results = {}
+    for overlap in (False, True):
+        engine = _engine(
+            ContextHashModel(max_seq_len=20), overlap=overlap, max_batch_size=batch, num_pages=24
+        )
+        outputs = engine.generate(prompts, params)
+        results[overlap] = [(o.output_ids, o.finish_reason) for o in outputs]
+        assert all(PENDING_TOKEN not in o.output_ids for o in outputs)
+        _assert_pool_empty(engine)
+    assert results[True] == results[False]

@@ -6,11 +6,15 @@ prefill chunk -> one host synchronisation that samples every row -> bookkeeping 
 With `overlap_decode`, a decode-only step whose successor is certain (the same requests, none
 ending by length, no admission possible) launches that successor before it synchronises: the
 next step's tokens are read on the device from this step's samples, and the host plans and
-builds step n + 1 while the device still runs step n. A request that samples a stop token
-then has one decode row computed past its end, which is discarded. MLX raises an evaluation
-failure at whichever synchronisation or submission comes next, so a failure of either step
-fails both (their requests are the same); a request may then fail one token earlier than
-without overlap, and never reports a token of a failed step.
+builds step n + 1 while the device still runs step n. Each request's tokens are those of
+synchronous steps; what can differ is when things happen:
+
+- a request that samples a stop token has one decode row computed past its end, which is
+  discarded, and a request submitted while a step is in flight is admitted one step later;
+- MLX raises an evaluation failure at whichever synchronisation or submission comes next, so
+  a failure of either step fails both (their requests are the same): a request may fail one
+  token earlier than without overlap, and never reports a token of a failed step;
+- scheduler events of the step planned ahead carry step n + 1 and come before step n's ends.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ class Engine:
     Raises:
         ValueError: A size is not an int >= 1, `admission` is unknown, `overlap_decode` is
             set with optimistic admission (a preemption could drop a pending token), or the
-            model's
-            `max_seq_len` is not an int >= 1 or its `vocab_size` not an int in [1, 2**31].
-        TypeError: `model` lacks the `StepModel` members, `sampler` is not callable, or the
-            model's storage is not a `KVStore` over the engine's pool.
+            model's `max_seq_len` is not an int >= 1 or its `vocab_size` not an int in
+            [1, 2**31].
+        TypeError: `model` lacks the `StepModel` members, `sampler` is not callable,
+            `overlap_decode` is not a bool, or the model's storage is not a `KVStore` over
+            the engine's pool.
 
     An engine is not thread-safe: drive it (`step`, `stream`, `generate`) from one thread.
 
@@ -86,6 +91,8 @@ class Engine:
         _check_positive_int("prefill_step", prefill_step)
         if admission not in set(AdmissionPolicy):
             raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
+        if not isinstance(overlap_decode, bool):
+            raise TypeError(f"overlap_decode must be a bool, got {overlap_decode!r}")
         if overlap_decode and admission != AdmissionPolicy.RESERVE:
             raise ValueError(
                 "overlap_decode needs admission='reserve': under optimistic admission planning "
@@ -128,7 +135,6 @@ class Engine:
             admission=AdmissionPolicy(admission),
             max_seq_len=self._max_seq_len,
         )
-        self._max_batch_size = max_batch_size
         self._overlap_decode = overlap_decode
         self._in_flight: LaunchedStep | None = None  # launched ahead, not yet collected
         self._requests: dict[int, Request] = {}  # unfinished requests only
@@ -304,7 +310,7 @@ class Engine:
 
     def _step(self) -> tuple[list[TokenEvent], bool]:
         started = time.perf_counter()
-        launched = self._in_flight
+        launched = self._take_in_flight()
         if launched is None:
             step = self._stats.steps
             plan = self._scheduler.schedule(step)
@@ -316,16 +322,14 @@ class Engine:
             launched = self._runner.launch(plan, step)
         else:
             events, self._pending = self._pending, []
-        self._in_flight = None
         ended_ahead: list[Request] = []
-        if self._can_launch_ahead(launched):
-            try:
-                self._in_flight, ended_ahead = self._launch_ahead(launched)
-            except BaseException:  # planning raised: collect `launched` at the next step
-                for work in launched.plan.decode:
-                    work.request.drop_pending_output()
-                self._in_flight, self._pending = launched, events + self._pending
-                raise
+        if (
+            self._overlap_decode
+            and not launched.failures
+            and launched.submit_error is None
+            and self._scheduler.next_step_is_certain(launched.plan)
+        ):
+            ended_ahead = self._launch_ahead(launched, events)
         ahead = self._in_flight
         if ahead is not None and ahead.submit_error is not None:
             # MLX may raise a failure of `launched` only when a step that reads its arrays is
@@ -334,8 +338,8 @@ class Engine:
         else:
             outcome = self._runner.collect(launched)
         if outcome.evaluation_failed:
-            # The step ahead was built on the failed step's storage, and decoded only
-            # requests that fail now: drop it (the storage is back to its state before both).
+            # The step ahead was built on the failed step's storage and decodes only requests
+            # that fail now: drop it (the storage is back to its state before both).
             self._in_flight = None
         step, plan = launched.step, launched.plan
         for requests, error in outcome.failures:
@@ -346,53 +350,67 @@ class Engine:
                 for request in requests
                 if not request.finished
             ]
+        decoding = {work.request.request_id for work in plan.decode}
+        decode_tokens = 0
         for request, token in outcome.tokens:
-            if request.finished:  # aborted, or failed while its next step was planned
-                request.drop_pending_output()
-                continue
+            if request.finished and not request.has_pending_output:
+                continue  # aborted while the step ran, or a stop token came one step late
+            decode_tokens += request.request_id in decoding
             events.append(self._add_token(request, token, step))
         events += [self._ended(request) for request in ended_ahead]
         self._stats.record_step(
             time.perf_counter() - started,
             prefill_tokens=sum(len(work.token_ids) for work in plan.prefill),
-            decode_tokens=len(plan.decode),
+            decode_tokens=decode_tokens,
         )
         return events, True
 
-    def _can_launch_ahead(self, launched: LaunchedStep) -> bool:
-        """Whether the step after `launched` is certain before its tokens are known: the
-        same decode rows, none ending by length, and no admission or preemption possible."""
-        plan = launched.plan
-        return (
-            self._overlap_decode
-            and bool(plan.decode)
-            and not plan.prefill
-            and not launched.failures
-            and launched.submit_error is None
-            and self._scheduler.num_running == len(plan.decode)
-            and (
-                self._scheduler.num_waiting == 0
-                or self._scheduler.num_running == self._max_batch_size
-            )
-            and not any(work.request.next_token_is_last for work in plan.decode)
-        )
+    def _take_in_flight(self) -> LaunchedStep | None:
+        """The step launched ahead, if any of its requests is still unfinished. One whose
+        requests all ended meanwhile (stop tokens, aborts) is waited for and dropped: the
+        caller plans afresh, so a freed slot is admitted to at once."""
+        launched, self._in_flight = self._in_flight, None
+        if launched is not None and all(work.request.finished for work in launched.plan.works):
+            self._runner.collect(launched)  # restores the storage if it failed
+            return None
+        return launched
 
-    def _launch_ahead(self, launched: LaunchedStep) -> tuple[LaunchedStep | None, list[Request]]:
-        """Plan and launch the step after `launched`, its decode rows reading their tokens
-        from `launched` on the device; also the requests that planning ended (reported after
-        `launched`'s tokens)."""
+    def _launch_ahead(self, launched: LaunchedStep, events: list[TokenEvent]) -> list[Request]:
+        """Plan and launch the step after `launched` (no admission), its decode rows reading
+        their tokens from `launched` on the device; returns the requests that planning ended,
+        to report after `launched`'s tokens.
+
+        If planning or building raises (an interrupt, say), slots may already be appended
+        for some rows, which no page list can take back: every request of `launched` fails
+        with the error, `events` and those ends are kept for the next step, and it re-raises.
+        """
         for work in launched.plan.decode:
             work.request.add_pending_output()
         step = launched.step + 1
-        plan = self._scheduler.schedule(step)
-        ahead = self._runner.launch(plan, step, previous=launched) if plan.works else None
-        return ahead, plan.finished
+        try:
+            plan = self._scheduler.schedule(step, admit=False)
+            if plan.works:
+                self._in_flight = self._runner.launch(plan, step, previous=launched)
+        except BaseException as error:
+            self._in_flight = None
+            for work in launched.plan.decode:
+                work.request.drop_pending_output()
+                if not work.request.finished:
+                    events.append(self._end(work.request, FinishReason.FAILED, step, error=error))
+            unreported = [request for request in self._requests.values() if request.finished]
+            events += [self._ended(request) for request in unreported]
+            self._pending = events + self._pending
+            raise
+        return plan.finished
 
     def _add_token(self, request: Request, token: int, step: int) -> TokenEvent:
-        if request.has_pending_output:
-            reason = request.resolve_output(token)
-        else:
-            reason = request.add_output(token)
+        request.drop_pending_output()
+        if request.finished:
+            # It failed while the step after this one was planned: this step's token still
+            # counts, and its failure is reported after it.
+            request.output_ids.append(token)
+            return TokenEvent(request_id=request.request_id, token=token, finished=False)
+        reason = request.add_output(token)
         if request.state is RequestState.PREFILL:
             request.state = RequestState.DECODE
             if len(request.output_ids) == 1:

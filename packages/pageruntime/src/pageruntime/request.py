@@ -175,16 +175,9 @@ class Request:
             )
         self.output_ids.append(PENDING_TOKEN)
 
-    def resolve_output(self, token: int) -> FinishReason | None:
-        """Replace the pending output token by `token`; as `add_output` otherwise."""
-        if not self.has_pending_output:
-            raise RuntimeError(f"internal error: request {self.request_id} has no pending token")
-        self.output_ids.pop()
-        return self.add_output(token)
-
     def drop_pending_output(self) -> None:
-        """Forget the pending output token, if any (its step was dropped or ended the
-        request)."""
+        """Forget the pending output token, if any (before its real value is added, or when
+        its step failed)."""
         if self.has_pending_output:
             self.output_ids.pop()
 

@@ -1,5 +1,5 @@
 """`StepRunner`: turns a step plan into model calls, samples, and one host synchronisation
-(`launch` builds and submits a step; `collect` waits for it).
+(`launch` builds and submits a step; `collect` waits for it, `fail` gives it up).
 
 The decode rows share one call, padded with empty rows to a batch-size bucket; each prefill
 chunk is one call of a single row. Batch sizes and block-table widths are rounded up to a
@@ -50,6 +50,7 @@ class LaunchedStep:
         kv_before: The storage's arrays before the step (restored if it fails).
         kv_after: The storage's arrays the step wrote (evaluated by `collect`).
         requests: The sampled rows' requests, in the order of `tokens`.
+        rows: Each sampled request's index in `tokens`, by request id.
         tokens: The sampled tokens, int32 `[len(requests)]`, or None if nothing samples.
         failures: `(requests, error)` for every call that raised while building.
         submit_error: What `mx.async_eval` raised, if it did (`collect` fails the step).
@@ -60,6 +61,7 @@ class LaunchedStep:
     kv_before: tuple[tuple[mx.array, ...], tuple[mx.array, ...]]
     kv_after: list[mx.array] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
+    rows: dict[int, int] = field(default_factory=dict)
     tokens: mx.array | None = None
     failures: list[tuple[list[Request], Exception]] = field(default_factory=list)
     submit_error: Exception | None = None
@@ -71,10 +73,12 @@ class LaunchedStep:
 
     def row_of(self, request: Request) -> int:
         """The index of `request`'s sampled token in `tokens`."""
-        for row, sampled in enumerate(self.requests):
-            if sampled is request:
-                return row
-        raise KeyError(f"request {request.request_id} samples no token in step {self.step}")
+        try:
+            return self.rows[request.request_id]
+        except KeyError:
+            raise KeyError(
+                f"request {request.request_id} samples no token in step {self.step}"
+            ) from None
 
 
 class StepRunner:
@@ -104,10 +108,6 @@ class StepRunner:
         self._max_row_pages = max_row_pages
         self._vocab_size = model.vocab_size  # the logits width every call must return
 
-    def run(self, plan: StepPlan, step: int) -> StepOutcome:
-        """Copy-on-write copies, the decode call, each prefill call, then one evaluation."""
-        return self.collect(self.launch(plan, step))
-
     def launch(
         self, plan: StepPlan, step: int, previous: LaunchedStep | None = None
     ) -> LaunchedStep:
@@ -134,6 +134,7 @@ class StepRunner:
             if tokens is not None:
                 sampled.append((works, tokens))
         launched.requests = [work.request for works, _ in sampled for work in works]
+        launched.rows = {request.request_id: row for row, request in enumerate(launched.requests)}
         if sampled:
             launched.tokens = mx.concatenate([tokens for _, tokens in sampled])
         launched.kv_after = self._kv.step_arrays()

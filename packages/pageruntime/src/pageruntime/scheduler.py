@@ -109,15 +109,19 @@ class Scheduler:
         self._num_admissions = 0
         self.num_preemptions = 0
 
-    @property
-    def num_running(self) -> int:
-        """Requests admitted and not finished (prefilling or decoding)."""
-        return len(self._running)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests queued for admission."""
-        return len(self._waiting)
+    def next_step_is_certain(self, plan: StepPlan) -> bool:
+        """Whether the step after `plan` can be planned before `plan`'s tokens are known: it
+        only decodes, its rows are every running request, none of them ends by length with
+        the token `plan` samples, no admission is possible (nothing waits, or the batch is
+        full), and no slot can need a preemption (reserve admission)."""
+        return (
+            self._admission is AdmissionPolicy.RESERVE
+            and bool(plan.decode)
+            and not plan.prefill
+            and len(plan.decode) == len(self._running)
+            and (not self._waiting or len(self._running) == self._max_batch_size)
+            and not any(work.request.next_token_is_last for work in plan.decode)
+        )
 
     def check_admissible(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise `RequestRejected` if such a request could never run, even in an empty pool."""
@@ -139,13 +143,14 @@ class Scheduler:
         """Queue a validated request for admission."""
         self._waiting.append(request)
 
-    def schedule(self, step: int) -> StepPlan:
+    def schedule(self, step: int, *, admit: bool = True) -> StepPlan:
         """Plan a step: decode rows first, then admission, then prefill chunks under budget.
 
         Pages for every planned token are appended here; a request that does not fit makes
         room by preemption (optimistic policy) or fails if it outgrew the whole pool. If
         planning a request raises, that request alone fails (its pages are released and it
-        is in `plan.finished` with the error); the others are planned as usual.
+        is in `plan.finished` with the error); the others are planned as usual. With
+        `admit=False` nobody is admitted (a step planned ahead of its predecessor's tokens).
         """
         plan = StepPlan()
         for request in [r for r in self._running if r.state is RequestState.DECODE]:
@@ -155,7 +160,8 @@ class Scheduler:
                 work = self._plan_tokens(request, (request.output_ids[-1],), True, plan, step)
                 if work is not None:
                     plan.decode.append(work)
-        self._admit(plan, step)
+        if admit:
+            self._admit(plan, step)
         budget = self._prefill_step
         for request in list(self._running):
             if budget == 0:
