@@ -239,7 +239,16 @@ class _RecordingStore:
         self.inner = inner
         self.calls: list[str] = []
 
-    def __getattr__(self, name: str):  # pool, copy_pages, keys, update_layer, ...
+    # The KVStore members are spelled out: from Python 3.12 on, isinstance() against a
+    # runtime-checkable protocol looks members up statically and misses __getattr__.
+    @property
+    def pool(self):
+        return self.inner.pool
+
+    def copy_pages(self, copies) -> None:
+        self.inner.copy_pages(copies)
+
+    def __getattr__(self, name: str):  # what the model uses: keys, values, update_layer, ...
         return getattr(self.inner, name)
 
     def step_arrays(self):
