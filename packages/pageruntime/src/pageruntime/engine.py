@@ -19,24 +19,26 @@ synchronous steps; what can differ is when things happen:
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Iterable, Sequence
 
 from pagepool import PagePool, pages_for
-from pageruntime.errors import RequestRejected
 from pageruntime.events import emit
-from pageruntime.protocols import KVStore, Sampler, StepModel
+from pageruntime.protocols import Sampler, StepModel
 from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
 from pageruntime.runner import LaunchedStep, StepRunner
 from pageruntime.sampling import SamplingParams, sample_tokens
 from pageruntime.scheduler import AdmissionPolicy, Scheduler
 from pageruntime.stats import EngineStats, StatsRecorder
 from pageruntime.stream import TokenStream
+from pageruntime.validation import (
+    check_engine_arguments,
+    check_kv_store,
+    check_model,
+    validated_request,
+)
 
 __all__ = ["Engine"]
-
-_TOKEN_ID_LIMIT = 2**31  # token ids travel as int32
 
 
 class Engine:
@@ -85,42 +87,22 @@ class Engine:
         overlap_decode: bool = False,
     ) -> None:
         # Everything is checked before `make_kv_storage`, which may allocate gigabytes.
-        _check_positive_int("num_pages", num_pages)
-        _check_positive_int("page_size", page_size)
-        _check_positive_int("max_batch_size", max_batch_size)
-        _check_positive_int("prefill_step", prefill_step)
-        if admission not in set(AdmissionPolicy):
-            raise ValueError(f"admission must be 'reserve' or 'optimistic', got {admission!r}")
-        if not isinstance(overlap_decode, bool):
-            raise TypeError(f"overlap_decode must be a bool, got {overlap_decode!r}")
-        if overlap_decode and admission != AdmissionPolicy.RESERVE:
-            raise ValueError(
-                "overlap_decode needs admission='reserve': under optimistic admission planning "
-                "may preempt a request whose last token is still on the device"
-            )
-        if sampler is not None and not callable(sampler):
-            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
-        if not isinstance(model, StepModel):
-            raise TypeError(
-                "model must implement StepModel (max_seq_len, vocab_size, make_kv_storage, "
-                f"step), got {type(model).__name__}"
-            )
-        _check_positive_int("model.max_seq_len", model.max_seq_len)
-        _check_positive_int("model.vocab_size", model.vocab_size)
-        if model.vocab_size > _TOKEN_ID_LIMIT:
-            raise ValueError(
-                f"model.vocab_size must be <= 2**31 (tokens are int32), got {model.vocab_size}"
-            )
+        check_engine_arguments(
+            num_pages=num_pages,
+            page_size=page_size,
+            max_batch_size=max_batch_size,
+            prefill_step=prefill_step,
+            admission=admission,
+            sampler=sampler,
+            overlap_decode=overlap_decode,
+        )
+        check_model(model)
         self._model = model
         self._max_seq_len = model.max_seq_len
         self._vocab_size = model.vocab_size
         self._pool = PagePool(page_size, num_pages)
         self._kv = model.make_kv_storage(self._pool)
-        if not isinstance(self._kv, KVStore) or self._kv.pool is not self._pool:
-            raise TypeError(
-                "model.make_kv_storage(pool) must return a KVStore (pool, copy_pages, "
-                "step_arrays, snapshot, restore) over that pool"
-            )
+        check_kv_store(self._kv, self._pool)
         self._runner = StepRunner(
             model,
             self._kv,
@@ -264,35 +246,11 @@ class Engine:
     def _validated(
         self, prompt_ids: Iterable[int], params: SamplingParams | None
     ) -> tuple[tuple[int, ...], SamplingParams]:
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Iterable):
-            raise RequestRejected(f"prompt_ids must be a sequence of ints, got {prompt_ids!r}")
-        prompt = tuple(
-            self._token_id(token, f"prompt_ids[{index}]") for index, token in enumerate(prompt_ids)
+        prompt, params = validated_request(
+            prompt_ids, params, vocab_size=self._vocab_size, max_seq_len=self._max_seq_len
         )
-        if not prompt:
-            raise RequestRejected("prompt_ids is empty; a request needs one or more tokens")
-        for index, token in enumerate(params.stop_token_ids):
-            self._token_id(token, f"stop_token_ids[{index}]")
-        if len(prompt) >= self._max_seq_len:
-            raise RequestRejected(
-                f"prompt has {len(prompt)} tokens but the model's max_seq_len is "
-                f"{self._max_seq_len}; it must be shorter to leave room for output"
-            )
         self._scheduler.check_admissible(len(prompt), params.max_new_tokens)
         return prompt, params
-
-    def _token_id(self, value: object, where: str) -> int:
-        """`value` as a token id of the model, or `RequestRejected` naming it and its index."""
-        token = None if isinstance(value, bool) else _as_int(value)
-        if token is None or not 0 <= token < self._vocab_size:
-            raise RequestRejected(
-                f"{where}={value!r:.40} is not a token id of the model: expected an int in "
-                f"[0, {self._vocab_size}) (vocab_size={self._vocab_size})"
-            )
-        return token
 
     def _submit(self, prompt_ids: tuple[int, ...], params: SamplingParams) -> Request:
         request = Request(self._num_submitted, prompt_ids, params, max_seq_len=self._max_seq_len)
@@ -451,16 +409,3 @@ class Engine:
             finish_reason=request.finish_reason,
             error=request.error,
         )
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _as_int(value: object) -> int | None:
-    """`value` as an int (numpy integers included), or None if it is not an integer."""
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
