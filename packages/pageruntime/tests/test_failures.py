@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+import pageruntime.runner
 import pageruntime.scheduler
 from pagepool import PageList
 from pageruntime import FinishReason, RequestFailed, SamplingParams
@@ -281,4 +282,60 @@ def test_any_kv_store_is_snapshotted_and_restored_around_a_failed_step(make_sync
     assert list(engine.generate([[8, 1]], PARAMS)[0].output_ids) == reference_output(
         [8, 1], PARAMS, max_seq_len=256
     )
+    _assert_pool_empty(engine)
+
+
+def _interrupting_collect(monkeypatch: pytest.MonkeyPatch, when) -> list[bool]:
+    """`StepRunner.collect` raises `KeyboardInterrupt` (a Ctrl-C while the host waits for the
+    device) the first time `when(launched)` holds; returns a flag list that says it fired."""
+    original = pageruntime.runner.StepRunner.collect
+    fired: list[bool] = []
+
+    def collect(self, launched):
+        if not fired and when(launched):
+            fired.append(True)
+            raise KeyboardInterrupt
+        return original(self, launched)
+
+    monkeypatch.setattr(pageruntime.runner.StepRunner, "collect", collect)
+    return fired
+
+
+def test_an_interrupt_while_waiting_fails_that_step_and_the_engine_goes_on(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fired = _interrupting_collect(monkeypatch, lambda launched: launched.step == 4)
+    engine = make_engine()
+    interrupted = engine.add_request([1, 2, 3], PARAMS)
+    tokens = []
+    with pytest.raises(KeyboardInterrupt):
+        while engine.has_unfinished():
+            tokens += [e.token for e in engine.step()]
+    assert fired
+    [event] = engine.step()
+    assert (event.request_id, event.finish_reason) == (interrupted, FinishReason.FAILED)
+    assert isinstance(event.error, KeyboardInterrupt) and not engine.has_unfinished()
+    assert tokens == reference_output([1, 2, 3], PARAMS, max_seq_len=256)[: len(tokens)]
+    _assert_pool_empty(engine)
+    [output] = engine.generate([[9, 4]], PARAMS)
+    assert list(output.output_ids) == reference_output([9, 4], PARAMS, max_seq_len=256)
+
+
+def test_an_abort_is_still_reported_after_an_interrupted_step(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed: list[bool] = []
+    _interrupting_collect(monkeypatch, lambda launched: bool(armed))
+    engine = make_engine()
+    kept = engine.add_request([1, 2, 3], PARAMS)
+    aborted = engine.add_request([4, 5], PARAMS)
+    for _ in range(3):
+        engine.step()
+    assert engine.abort(aborted)
+    armed.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    ends = {e.request_id: e.finish_reason for e in engine.step() if e.finished}
+    assert ends == {aborted: FinishReason.ABORTED, kept: FinishReason.FAILED}
+    assert not engine.has_unfinished()
     _assert_pool_empty(engine)

@@ -275,3 +275,36 @@ def test_random_traces_give_every_request_the_same_tokens(seed: int) -> None:
         assert all(PENDING_TOKEN not in o.output_ids for o in outputs)
         _assert_pool_empty(engine)
     assert results[True] == results[False]
+
+
+def test_an_interrupt_ahead_of_a_failed_step_leaves_no_failed_storage_behind() -> None:
+    # Step n fails lazily (at context 6); the host is interrupted while it builds step n + 1,
+    # before step n is collected: step n's storage must not stay the engine's.
+    state = {"failed": False, "interrupted": False}
+
+    class InterruptedAfterFailure(FailingModel):
+        def step(self, tokens, metadata, kv):
+            if state["failed"] and not state["interrupted"] and metadata.query_len == 1:
+                state["interrupted"] = True
+                raise KeyboardInterrupt
+            return super().step(tokens, metadata, kv)
+
+    def fail_when(md) -> bool:
+        if state["failed"] or md.query_len != 1 or 6 not in md.context_lens_host:
+            return False
+        state["failed"] = True
+        return True
+
+    engine = _engine(InterruptedAfterFailure(fail_when, lazy=True), overlap=True)
+    engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8))
+    with pytest.raises(KeyboardInterrupt):
+        while engine.has_unfinished():
+            engine.step()
+    assert state["interrupted"]
+    while engine.has_unfinished():
+        engine.step()
+    _assert_pool_empty(engine)
+    params = SamplingParams(max_new_tokens=5)
+    [output] = engine.generate([[7, 7]], params)
+    assert output.finish_reason is FinishReason.LENGTH
+    assert list(output.output_ids) == reference_output([7, 7], params, max_seq_len=256)

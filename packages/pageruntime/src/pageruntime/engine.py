@@ -12,8 +12,12 @@ synchronous steps; what can differ is when things happen:
 - a request that samples a stop token has one decode row computed past its end, which is
   discarded, and a request submitted while a step is in flight is admitted one step later;
 - MLX raises an evaluation failure at whichever synchronisation or submission comes next, so
-  a failure of either step fails both (their requests are the same): a request may fail one
-  token earlier than without overlap, and never reports a token of a failed step;
+  a failure of either step fails both (the step ahead holds the same requests): a request may
+  fail one token earlier than without overlap, and never reports a token of a failed step. A
+  row computed past a request's end (after its stop token or an abort) that fails, in the
+  model or the sampler, fails the other requests of that step too;
+- an exception inside a step (an interrupt while it is built or waited for) fails the
+  requests of that step and of the step ahead, and the engine goes on;
 - scheduler events of the step planned ahead carry step n + 1 and come before step n's ends.
 """
 
@@ -26,9 +30,9 @@ from pagepool import PagePool, pages_for
 from pageruntime.events import emit
 from pageruntime.protocols import Sampler, StepModel
 from pageruntime.request import FinishReason, Request, RequestOutput, RequestState, TokenEvent
-from pageruntime.runner import LaunchedStep, StepRunner
+from pageruntime.runner import LaunchedStep, StepOutcome, StepRunner
 from pageruntime.sampling import SamplingParams, sample_tokens
-from pageruntime.scheduler import AdmissionPolicy, Scheduler
+from pageruntime.scheduler import AdmissionPolicy, Scheduler, StepPlan
 from pageruntime.stats import EngineStats, StatsRecorder
 from pageruntime.stream import TokenStream
 from pageruntime.validation import (
@@ -277,28 +281,19 @@ class Engine:
             events += [self._ended(request) for request in plan.finished]
             if not plan.works:
                 return events, False
-            launched = self._runner.launch(plan, step)
+            try:
+                launched = self._runner.launch(plan, step)
+            except BaseException as error:  # an interrupt while the step was built
+                self._give_up(plan, step, error, events)  # launch restored the storage
+                raise
         else:
             events, self._pending = self._pending, []
-        ended_ahead: list[Request] = []
-        if (
-            self._overlap_decode
-            and not launched.failures
-            and launched.submit_error is None
-            and self._scheduler.next_step_is_certain(launched.plan)
-        ):
-            ended_ahead = self._launch_ahead(launched, events)
-        ahead = self._in_flight
-        if ahead is not None and ahead.submit_error is not None:
-            # MLX may raise a failure of `launched` only when a step that reads its arrays is
-            # submitted: then `launched`'s own results cannot be trusted either.
-            outcome = self._runner.fail(launched, ahead.submit_error)
-        else:
-            outcome = self._runner.collect(launched)
-        if outcome.evaluation_failed:
-            # The step ahead was built on the failed step's storage and decodes only requests
-            # that fail now: drop it (the storage is back to its state before both).
-            self._in_flight = None
+        try:
+            ended_ahead = self._launch_ahead(launched) if self._can_launch_ahead(launched) else []
+            outcome = self._collect(launched)
+        except BaseException as error:  # an interrupt while building ahead or waiting
+            self._give_up(launched.plan, launched.step, error, events, launched=launched)
+            raise
         step, plan = launched.step, launched.plan
         for requests, error in outcome.failures:
             for request in requests:
@@ -333,33 +328,69 @@ class Engine:
             return None
         return launched
 
-    def _launch_ahead(self, launched: LaunchedStep, events: list[TokenEvent]) -> list[Request]:
-        """Plan and launch the step after `launched` (no admission), its decode rows reading
-        their tokens from `launched` on the device; returns the requests that planning ended,
-        to report after `launched`'s tokens.
+    def _can_launch_ahead(self, launched: LaunchedStep) -> bool:
+        return (
+            self._overlap_decode
+            and not launched.failures
+            and launched.submit_error is None
+            and self._scheduler.next_step_is_certain(launched.plan)
+        )
 
-        If planning or building raises (an interrupt, say), slots may already be appended
-        for some rows, which no page list can take back: every request of `launched` fails
-        with the error, `events` and those ends are kept for the next step, and it re-raises.
-        """
+    def _launch_ahead(self, launched: LaunchedStep) -> list[Request]:
+        """Plan and launch the step after `launched` (no admission) into `_in_flight`, its
+        decode rows reading their tokens from `launched` on the device; returns the requests
+        that planning ended, to report after `launched`'s tokens."""
         for work in launched.plan.decode:
             work.request.add_pending_output()
         step = launched.step + 1
-        try:
-            plan = self._scheduler.schedule(step, admit=False)
-            if plan.works:
-                self._in_flight = self._runner.launch(plan, step, previous=launched)
-        except BaseException as error:
-            self._in_flight = None
-            for work in launched.plan.decode:
-                work.request.drop_pending_output()
-                if not work.request.finished:
-                    events.append(self._end(work.request, FinishReason.FAILED, step, error=error))
-            unreported = [request for request in self._requests.values() if request.finished]
-            events += [self._ended(request) for request in unreported]
-            self._pending = events + self._pending
-            raise
+        plan = self._scheduler.schedule(step, admit=False)
+        if plan.works:
+            self._in_flight = self._runner.launch(plan, step, previous=launched)
         return plan.finished
+
+    def _collect(self, launched: LaunchedStep) -> StepOutcome:
+        """`launched`'s outcome; gives up the step ahead if `launched` failed."""
+        ahead = self._in_flight
+        if ahead is not None and ahead.submit_error is not None:
+            # MLX may raise a failure of `launched` only when a step that reads its arrays is
+            # submitted: then `launched`'s own results cannot be trusted either.
+            outcome = self._runner.fail(launched, ahead.submit_error)
+        else:
+            outcome = self._runner.collect(launched)
+        if outcome.evaluation_failed and self._in_flight is not None:
+            # The step ahead was built on the failed step's storage and holds only its
+            # requests: give it up too (the storage is back to its state before both).
+            self._runner.drain(self._in_flight)
+            self._in_flight = None
+        return outcome
+
+    def _give_up(
+        self,
+        plan: StepPlan,
+        step: int,
+        error: BaseException,
+        events: list[TokenEvent],
+        *,
+        launched: LaunchedStep | None = None,
+    ) -> None:
+        """After an exception inside a step (an interrupt while it was built, or while the
+        host waited for it): it and any step launched after it are given up. Their requests
+        fail with `error`, since slots were appended for them that no page list can take
+        back; `events` and these ends are kept for the next step. A given-up step that was
+        submitted is waited for first (MLX would raise its failure at a later, unrelated
+        synchronisation), then the storage goes back to the arrays before it."""
+        for submitted in (launched, self._in_flight):
+            if submitted is not None:
+                self._runner.drain(submitted)
+        self._in_flight = None
+        if launched is not None:
+            self._kv.restore(launched.kv_before)
+        for work in plan.works:
+            work.request.drop_pending_output()
+            if not work.request.finished:
+                events.append(self._end(work.request, FinishReason.FAILED, step, error=error))
+        events += [self._ended(r) for r in list(self._requests.values()) if r.finished]
+        self._pending = events + self._pending
 
     def _add_token(self, request: Request, token: int, step: int) -> TokenEvent:
         request.drop_pending_output()

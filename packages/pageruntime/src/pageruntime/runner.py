@@ -1,5 +1,5 @@
 """`StepRunner`: turns a step plan into model calls, samples, and one host synchronisation
-(`launch` builds and submits a step; `collect` waits for it, `fail` gives it up).
+(`launch` builds and submits a step; `collect` waits for it; `fail` and `drain` give it up).
 
 The decode rows share one call, padded with empty rows to a batch-size bucket; each prefill
 chunk is one call of a single row. Batch sizes and block-table widths are rounded up to a
@@ -118,10 +118,20 @@ class StepRunner:
         """
         launched = LaunchedStep(plan=plan, step=step, kv_before=self._kv.snapshot())
         try:
+            self._build(launched, previous)
+        except BaseException:  # an interrupt: the storage must not keep half a step
+            self._kv.restore(launched.kv_before)
+            raise
+        return launched
+
+    def _build(self, launched: LaunchedStep, previous: LaunchedStep | None) -> None:
+        """`launch` after the snapshot: copies, calls, sampling, submission."""
+        plan, step = launched.plan, launched.step
+        try:
             self._kv.copy_pages(plan.copies)
         except Exception as error:
             launched.failures.append(([work.request for work in plan.works], error))
-            return launched
+            return
         sampled: list[tuple[list[ScheduledWork], mx.array]] = []
         calls = [(plan.decode, False)] if plan.decode else []
         calls += [([work], True) for work in plan.prefill]
@@ -142,7 +152,6 @@ class StepRunner:
             mx.async_eval(*launched.outputs)
         except Exception as error:  # some failures surface at submission already
             launched.submit_error = error
-        return launched
 
     def collect(self, launched: LaunchedStep) -> StepOutcome:
         """The step's one host synchronisation: its sampled tokens and written storage."""
@@ -158,6 +167,15 @@ class StepRunner:
             return self.fail(launched, error)
         outcome.tokens = list(zip(launched.requests, token_ids, strict=True))
         return outcome
+
+    def drain(self, launched: LaunchedStep) -> None:
+        """Wait for a launched step that is being given up, dropping its results and any
+        failure: MLX would otherwise raise that failure at a later, unrelated
+        synchronisation."""
+        try:
+            mx.eval(*launched.outputs)
+        except Exception:  # the step's requests fail anyway; its error must not leak
+            return
 
     def fail(self, launched: LaunchedStep, error: Exception) -> StepOutcome:
         """Give up on a launched step whose arrays failed to evaluate: every request of it
