@@ -143,7 +143,7 @@ class Scheduler:
         """Queue a validated request for admission."""
         self._waiting.append(request)
 
-    def schedule(self, step: int, *, admit: bool = True) -> StepPlan:
+    def schedule(self, step: int, *, admit: bool = True, plan: StepPlan | None = None) -> StepPlan:
         """Plan a step: decode rows first, then admission, then prefill chunks under budget.
 
         Pages for every planned token are appended here; a request that does not fit makes
@@ -151,8 +151,10 @@ class Scheduler:
         planning a request raises, that request alone fails (its pages are released and it
         is in `plan.finished` with the error); the others are planned as usual. With
         `admit=False` nobody is admitted (a step planned ahead of its predecessor's tokens).
+        The work goes into `plan` (a new one by default) as it is planned, so a caller that
+        sees planning interrupted knows which slots were appended.
         """
-        plan = StepPlan()
+        plan = StepPlan() if plan is None else plan
         for request in [r for r in self._running if r.state is RequestState.DECODE]:
             if request.state is not RequestState.DECODE:  # preempted by an earlier row
                 continue
