@@ -22,7 +22,8 @@ constexpr int kMaxSplits = 65535;  // gridDim.y
 // Most chunks the decode planner picks by itself. Past 8 chunks per row the merge (which walks
 // a row's chunks) costs more than the extra CTAs gain: on the H200 (operator benchmark, bf16,
 // Hkv 8) B=1 x 8192 took 22.9 us in 32 chunks and 18.6 us in 8, B=1 x 32768 43.6 us in 64 and
-// 39.1 us in 8; 16 chunks were slower than 8 at every B = 1 and 8 shape measured.
+// 39.1 us in 8, with 16 and 64 chunks slower than 8 at both page sizes; at the other B = 1
+// and 8 shapes measured the planner already chose at most 8.
 constexpr int kMaxAutoDecodeSplits = 8;
 
 struct SplitPlan {
