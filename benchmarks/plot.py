@@ -228,12 +228,16 @@ def _decode_steps(documents: list[dict], out: Path, stem: str) -> list[Path]:
     fig.set_size_inches(max(9.0, 2.4 * len(documents)), 4.0)
     series = {
         "step (compiled)": [d["median_ms"].get("step+compile") for d in documents],
+        "step (compiled, overlapped)": [
+            d["median_ms"].get("step+compile overlapped") for d in documents
+        ],
         "host share": [d["median_ms"].get("step+compile host") for d in documents],
         "GPU time": [
             d["kernel_trace"]["kernel_us_per_step"] / 1000 if d.get("kernel_trace") else None
             for d in documents
         ],
     }
+    series = {name: values for name, values in series.items() if any(v is not None for v in values)}
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         present = [(j, v) for j, v in enumerate(values) if v is not None]
@@ -242,9 +246,11 @@ def _decode_steps(documents: list[dict], out: Path, stem: str) -> list[Path]:
         left.bar_label(bars, fmt="%.2f", fontsize=6)
     left.axhline(documents[0]["weight_floor_ms"], color="gray", linestyle="--", linewidth=1,
                  label="weight-streaming floor")  # fmt: skip
-    left.set_xticks([j + width for j in range(len(documents))], labels, fontsize=7)
+    left.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(documents))], labels,
+                    fontsize=7)  # fmt: skip
     left.set(ylabel="ms", title="decode step: wall, host, GPU")
-    left.legend(fontsize=7)
+    left.set_ylim(top=1.35 * max(v for values in series.values() for v in values if v))
+    left.legend(fontsize=7, loc="upper left", ncols=2)
     families: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(documents))
     for j, document in enumerate(documents):
         for kernel in (document.get("kernel_trace") or {}).get("kernels", []):
