@@ -51,6 +51,11 @@ def test_every_flag_has_help() -> None:
         (["generate", *TINY, "--max-tokens", "0", "hi"], 2, "--max-tokens: expected an int >= 1"),
         (["serve-bench", *TINY, "--warmup", "-1"], 2, "--warmup: expected an int >= 0"),
         (
+            ["generate", *TINY, "--overlap-decode", "--admission", "optimistic", "hi"],
+            2,
+            "--overlap-decode needs --admission reserve",
+        ),
+        (
             ["save-model", *TINY, "/no/such/out", "--quantize-bits", "4", "--group-size", "128"],
             1,
             "divisible by the quantization group size 128",
@@ -72,6 +77,7 @@ def test_every_flag_has_help() -> None:
         "zero-page-size",
         "zero-max-tokens",
         "negative-warmup",
+        "overlap-optimistic",
         "group-size-does-not-divide",
     ],
 )
@@ -214,6 +220,8 @@ def test_serve_bench_reports_every_variant(capsys, tmp_path: Path) -> None:
     assert results["dense"]["peak_kv_bytes"] > 0 and results["paged"]["peak_kv_bytes"] > 0
     for result in results.values():  # batch 2: at most 2 requests decode at once
         assert result["peak_decode_rows"] == 2 and 1 < result["mean_decode_rows"] <= 2
+        # A step's period holds its synchronised call and the engine's work around it.
+        assert result["decode_period_ms"][0] > result["decode_step_ms"][0] > 0
     context = document["context"]
     assert context["compile_decode"] is False and context["admission"] == "reserve"
     assert context["page_size"] == 8 and context["num_pages"] == 2 * 10  # 79 tokens: 10 pages
@@ -239,6 +247,25 @@ def test_serve_bench_labels_compiled_decode_and_records_the_engine(capsys, tmp_p
     context = document["context"]
     assert context["compile_decode"] is True and context["num_pages"] == 40
     assert context["admission"] == "optimistic"
+
+
+def test_serve_bench_overlapped_decode_is_labelled_and_timed_by_period(
+    capsys, tmp_path: Path
+) -> None:
+    out, document = serve_bench(
+        capsys,
+        tmp_path,
+        "--variants", "paged", "--compile-decode", "--overlap-decode",
+        "--num-seqs", "3", "--batch-size", "2",
+        "--min-input-len", "10", "--max-input-len", "20",
+        "--min-output-len", "6", "--max-output-len", "9",
+    )  # fmt: skip
+    assert "paged+compile+overlap" in out and "decode step period ms median" in out
+    [result] = document["results"]
+    assert result["variant"] == "paged+compile+overlap"
+    assert result["decode_step_ms"] == result["decode_period_ms"]  # its decode steps: periods
+    assert result["decode_period_ms"][0] > 0 and result["output_tokens"] >= 18
+    assert document["context"]["overlap_decode"] is True
 
 
 def test_serve_bench_trace_applies_only_the_given_overrides() -> None:

@@ -32,6 +32,7 @@ _ROWS: list[tuple[str, Callable[[ServingResult], str]]] = [
     ("decode step ms median", lambda r: f"{r.decode_step_ms[0]:.2f}"),
     ("decode step ms p95", lambda r: f"{r.decode_step_ms[1]:.2f}"),
     ("decode step ms max", lambda r: f"{r.decode_step_ms[2]:.2f}"),
+    ("decode step period ms median", lambda r: f"{r.decode_period_ms[0]:.2f}"),
     ("wall time s", lambda r: f"{r.wall_s:.1f}"),
     ("peak KV memory", lambda r: _bytes(r.peak_kv_bytes)),
     ("K/V bytes copied", lambda r: _bytes(r.copied_bytes)),

@@ -151,7 +151,12 @@ class ServingResult:
             overlap: of consecutive decode-only steps, each timed from its decode call to the
             next).
         requests_per_s: Requests per wall-clock second.
-        decode_step_ms: Median, p95 and max of the synchronized decode calls, in ms.
+        decode_step_ms: Median, p95 and max of the synchronized decode calls, in ms (with
+            overlap: of the decode step periods).
+        decode_period_ms: Median, p95 and max of the decode step periods, in ms: the time
+            between two consecutive decode calls with no prefill call between them, which
+            is the engine's whole decode step, measured alike with and without overlap
+            (0 when fewer than two decode calls ran back to back).
         peak_kv_bytes: Peak K/V memory: live pages x page bytes (paged, gather), or the
             live contiguous caches (dense).
         copied_bytes: K/V bytes copied outside the kernels: dense repacks or page gathers.
@@ -172,6 +177,7 @@ class ServingResult:
     decode_tokens_per_s: float
     requests_per_s: float
     decode_step_ms: tuple[float, float, float]
+    decode_period_ms: tuple[float, float, float]
     peak_kv_bytes: int
     copied_bytes: int
     pages_reused: int
@@ -186,8 +192,10 @@ class _TimedModel:
 
     It synchronizes and times each call, except decode calls when `overlapped` (the engine
     launches a decode step before the previous one is collected, and a synchronisation here
-    would serialise them): then a decode step's time is the interval between two consecutive
-    decode calls with no prefill call between them, the engine's whole step period."""
+    would serialise them): then a decode step's time is its period. In every mode it also
+    records decode step periods: the interval between two consecutive decode calls with no
+    prefill call between them, the engine's whole step (planning, calls, synchronisation,
+    bookkeeping), measured the same way with and without overlap."""
 
     def __init__(self, model: Qwen3Model, *, overlapped: bool = False) -> None:
         self.model = model
@@ -195,10 +203,11 @@ class _TimedModel:
         self.prefill_s = 0.0
         self.decode_times: list[float] = []
         self.decode_rows: list[int] = []  # live (unpadded) rows of each decode call
+        self.decode_periods: list[float] = []
         self.max_tail_waste = 0
         self.pool: PagePool | None = None
         self.kv: KVStorage | DenseKVStore | None = None
-        self._last_decode: tuple[float, int] | None = None  # (start, rows) when overlapped
+        self._last_decode: tuple[float, int] | None = None  # (start, rows) of the last call
 
     @property
     def max_seq_len(self) -> int:
@@ -216,17 +225,14 @@ class _TimedModel:
         self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
     ) -> mx.array:
         rows = sum(n > 0 for n in metadata.context_lens_host)
+        if metadata.query_len == 1:
+            self._record_period(rows)
+        else:
+            self._last_decode = None  # a prefill call ends the run of decode-only steps
         if self.overlapped and metadata.query_len == 1:
-            start = time.perf_counter()
-            if self._last_decode is not None:
-                previous_start, previous_rows = self._last_decode
-                self.decode_times.append(start - previous_start)
-                self.decode_rows.append(previous_rows)
-            self._last_decode = (start, rows)
             return self._step_and_track(tokens, metadata, kv)
         if self.overlapped:
             mx.eval(kv.step_arrays())  # the decode call launched before this one
-            self._last_decode = None
         start = time.perf_counter()
         logits = self._step_and_track(tokens, metadata, kv)
         mx.eval(logits, *kv.step_arrays())
@@ -237,6 +243,16 @@ class _TimedModel:
         else:
             self.prefill_s += elapsed
         return logits
+
+    def _record_period(self, rows: int) -> None:
+        now = time.perf_counter()
+        if self._last_decode is not None:
+            previous_start, previous_rows = self._last_decode
+            self.decode_periods.append(now - previous_start)
+            if self.overlapped:  # overlapped decode calls are timed by their period only
+                self.decode_times.append(now - previous_start)
+                self.decode_rows.append(previous_rows)
+        self._last_decode = (now, rows)
 
     def _step_and_track(
         self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
@@ -301,7 +317,6 @@ def run_variant(
                     on_token()
     wall = time.perf_counter() - start
     stats = engine.stats
-    decode_ms = sorted(1000 * t for t in timed.decode_times) or [0.0]
     assert timed.kv is not None
     if isinstance(timed.kv, DenseKVStore):
         peak_kv = timed.kv.peak_nbytes
@@ -324,11 +339,8 @@ def run_variant(
         output_tokens_per_s=output_tokens / wall,
         decode_tokens_per_s=sum(rows) / max(sum(timed.decode_times), 1e-9),
         requests_per_s=len(requests) / wall,
-        decode_step_ms=(
-            statistics.median(decode_ms),
-            decode_ms[min(len(decode_ms) - 1, int(0.95 * len(decode_ms)))],
-            decode_ms[-1],
-        ),
+        decode_step_ms=_median_p95_max(timed.decode_times),
+        decode_period_ms=_median_p95_max(timed.decode_periods),
         peak_kv_bytes=peak_kv,
         copied_bytes=model.copied_bytes - copied_before,
         pages_reused=stats.pool.num_reused_allocations,
@@ -337,3 +349,9 @@ def run_variant(
         peak_decode_rows=max(rows, default=0),
         mean_decode_rows=statistics.fmean(rows) if rows else 0.0,
     )
+
+
+def _median_p95_max(seconds: Sequence[float]) -> tuple[float, float, float]:
+    """Median, p95 and max of `seconds`, in ms (zeros when there are none)."""
+    ms = sorted(1000 * t for t in seconds) or [0.0]
+    return statistics.median(ms), ms[min(len(ms) - 1, int(0.95 * len(ms)))], ms[-1]
