@@ -6,6 +6,8 @@
 #   call 1: carry [".gpu-a"], command: bash .gpu-a/stash.sh
 #   call 2: carry [".gpu-b", ".whl"], command:
 #           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
+#   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
+#   JSON records the commit too.)
 # Stages (default: build test bench serve mlxlm): build test bench serve mlxlm admission profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
@@ -111,3 +113,11 @@ if has_stage profile; then
   fi
 fi
 section "done"
+# A device call returns at most 8 files: past that, everything goes into one archive, so no
+# result is left behind (unpack it with `tar xzf gpu-results.tgz`).
+files=("$OUT"/*)
+if [ "${#files[@]}" -gt "${MAX_OUT_FILES:-8}" ]; then
+  (cd "$OUT" && tar czf gpu-results.tgz --exclude gpu-results.tgz -- * && \
+    find . -maxdepth 1 -type f ! -name gpu-results.tgz -delete) && \
+    echo "bundled ${#files[@]} files into $OUT/gpu-results.tgz"
+fi
