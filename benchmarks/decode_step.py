@@ -107,12 +107,12 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         (e for e in events if e.get("name") == "decode_step" and e.get("cat") == "user_annotation"),
         key=lambda e: e["ts"],
     )
-    build_events = sorted(
-        (e for e in events if e.get("name") == "build_graph" and e.get("cat") == "user_annotation"),
-        key=lambda e: e["ts"],
-    )
-    build_durations = {e["ts"]: e["dur"] for e in build_events}
-    lead, build, span, tail = [], [], [], []  # microseconds, one entry per traced step
+    build = [  # microseconds, one entry per traced step
+        e["dur"]
+        for e in events
+        if e.get("name") == "build_graph" and e.get("cat") == "user_annotation"
+    ]
+    lead, span, tail = [], [], []  # microseconds, one entry per traced step with kernels
     for step_event in step_events:
         start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
         inside = [e for e in kernel_events if start <= e["ts"] < end]
@@ -120,7 +120,6 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
             continue
         last_end = max(e["ts"] + e["dur"] for e in inside)
         lead.append(inside[0]["ts"] - start)
-        build.extend(d for ts, d in build_durations.items() if start <= ts < end)
         span.append(last_end - inside[0]["ts"])  # kernels plus the GPU's gaps between them
         tail.append(end - last_end)
     by_name: dict[str, list[float]] = collections.defaultdict(list)

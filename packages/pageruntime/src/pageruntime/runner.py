@@ -240,12 +240,12 @@ class StepRunner:
     ) -> mx.array:
         """int32 `[B, L]`: the rows' tokens, pending ones read from `previous` on the device."""
         host = [work.token_ids for work in works] + [(0,) * L] * padding
+        tokens = mx.array(host, mx.int32)
         pending = [row for row, ids in enumerate(host) if ids == (PENDING_TOKEN,)]
         if not pending:
-            return mx.array(host, mx.int32)
+            return tokens
         if previous is None or previous.tokens is None:
             raise RuntimeError("internal error: a pending token without the step that samples it")
-        tokens = mx.array([(0,) if ids == (PENDING_TOKEN,) else ids for ids in host], mx.int32)
         source = mx.array([previous.row_of(works[row].request) for row in pending])
         tokens[mx.array(pending), 0] = previous.tokens[source]
         return tokens
