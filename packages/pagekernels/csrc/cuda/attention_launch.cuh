@@ -2,7 +2,8 @@
 // plan the split from shapes, and add the attention (+ merge) nodes to MLX's graph.
 //
 // Schedules: decode (L <= kDecodeMaxQueryLen) and prefill. Kernels:
-//   float16/bfloat16, D in {64, 128}: attention_mma (decode or prefill warp layout);
+//   float16/bfloat16, D in {64, 128}: attention_wgmma for prefill tiles of 128 rows on sm_90,
+//     attention_mma otherwise (decode or prefill warp layout);
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
@@ -12,6 +13,7 @@
 
 #include "cuda/attention_mma.cuh"
 #include "cuda/attention_simt.cuh"
+#include "cuda/attention_wgmma.cuh"
 #include "cuda/launch_utils.cuh"
 #include "cuda/merge_splits.cuh"
 #include "cuda/split_plan.h"
@@ -100,6 +102,19 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
+template <typename T, typename KV>
+KernelChoice<T, KV> wgmma_kernel(int head_dim) {
+  auto choice = [](auto kernel, auto config) -> KernelChoice<T, KV> {
+    using C = decltype(config);
+    return {kernel, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
+  };
+  constexpr int kStages = 4;
+  if (head_dim == 64) {
+    return choice(&attention_wgmma_kernel<T, 64, kStages, KV>, WgmmaConfig<T, 64, kStages>{});
+  }
+  return choice(&attention_wgmma_kernel<T, 128, kStages, KV>, WgmmaConfig<T, 128, kStages>{});
+}
+
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
 // rows at L = 1024 and 4096 on the H200); 64-row tiles waste less on short chunks.
 inline MmaLayout prefill_layout(int rows) {
@@ -132,7 +147,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   KernelChoice<T, KV> choice{};
   if constexpr (!std::is_same_v<T, float>) {
     if (tensor_cores) {
-      choice = mma_kernel<T, KV>(s.head_dim, decode ? MmaLayout::kDecode : prefill_layout(rows));
+      const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
+      choice = layout == MmaLayout::kPrefill128 && prefill_wgmma() && is_sm90(enc)
+                   ? wgmma_kernel<T, KV>(s.head_dim)
+                   : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);

@@ -17,6 +17,7 @@
 #include "cuda/attention_common.cuh"
 #include "cuda/kv_ring.cuh"
 #include "cuda/kv_source.cuh"
+#include "cuda/mma_tile.cuh"
 
 namespace pagekernels::cuda {
 
@@ -40,7 +41,7 @@ struct MmaConfig {
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T, n16 blocks of P V
   static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
-  using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, /*kSwizzle=*/true>;
+  using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzleRow>;
   static constexpr size_t kQBytes = kRows * kHeadDim * sizeof(T);
   static constexpr size_t kSmemBytes = kQBytes + Ring::kSmemBytes;
   static_assert(kWarpsKV * kRows * (kOutStride + 2) * sizeof(float) <= kQBytes + Ring::kRingBytes,
@@ -97,28 +98,16 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   }
   cp_async_commit();
 
-  // Offsets of the first kStages tiles; bit s of `unmapped` = the tile in offset slot s has
-  // unmapped keys in range (it needs the element mask). __syncthreads_or is the barrier.
   KVRow window[C::kAhead];
-  const uint32_t my_unmapped = ring.start(p.kv, window);
-  uint32_t unmapped = 0;
-  for (int s = 0; s < kStages; ++s) {
-    if (__syncthreads_or((my_unmapped >> s) & 1u)) unmapped |= 1u << s;
-  }
+  UnmappedTiles<kStages> unmapped;
+  unmapped.start(ring.start(p.kv, window));
   for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
 
-  // The softmax below assumes c = scale * log2(e) > 0: a negative scale flips the sign of Q, a
-  // zero scale zeroes it (both exact in 16-bit floats), and c becomes |c| (or 1).
-  const float c = p.scale_log2 > 0.0f ? p.scale_log2 : (p.scale_log2 < 0.0f ? -p.scale_log2 : 1.0f);
+  const float c = positive_scale(p.scale_log2);
   if (p.scale_log2 <= 0.0f) {
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    const uint32_t flip = p.scale_log2 < 0.0f ? 0x80008000u : 0u;
-    const uint32_t keep = p.scale_log2 < 0.0f ? 0xffffffffu : 0u;
-    uint32_t* words = reinterpret_cast<uint32_t*>(q_tile);
-    for (int i = tid; i < C::kRows * kHeadDim / 2; i += C::kThreads) {
-      words[i] = (words[i] ^ flip) & keep;
-    }
+    fold_scale_sign(q_tile, C::kRows * kHeadDim, p.scale_log2);
   }
 
   float o[kMTiles][kHeadDim / 8][4] = {};
@@ -130,20 +119,13 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
 
   for (int i = 0; i < ring.num_tiles; ++i) {
     cp_async_wait<kStages - 2>();
-    // The barrier; also collects the unmapped flag of the offsets stored last iteration.
-    const uint32_t stored_bit = 1u << ((i + kStages - 1) % C::Ring::kOffsetSlots);
-    if (__syncthreads_or(pending_unmapped)) {
-      unmapped |= stored_bit;
-    } else if (i > 0) {
-      unmapped &= ~stored_bit;
-    }
+    unmapped.barrier(i, pending_unmapped);
     ring.issue(i + kStages - 1);
 
     const T* ks = ring.k_tile(i);
     const T* vs = ring.v_tile(i);
     const int t0 = ring.first_key(i);
-    const bool masked =
-        t0 + kTile > unmasked_end || ((unmapped >> (i % C::Ring::kOffsetSlots)) & 1u);
+    const bool masked = t0 + kTile > unmasked_end || unmapped(i);
 #pragma unroll 1
     for (int pass = 0; pass < C::kPasses; ++pass) {
       const int key0 = warp_kv * C::kWarpKeys + pass * C::kPassKeys;  // first key of this pass
@@ -173,65 +155,20 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
       }
 
       if (masked) {
-        const int64_t* offs = ring.tile_offsets(i);
 #pragma unroll
-        for (int n = 0; n < kScoreBlocks; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
-            const bool mapped = offs[key] >= 0;
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              if (!(mapped && t0 + key < limit[mt][e / 2])) s[mt][n][e] = -INFINITY;
-            }
-          }
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mask_scores(s[mt], ring.tile_offsets(i), key0, t0, limit[mt], lane);
         }
       }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) online_softmax(s[mt], m[mt], d[mt], o[mt], c);
 
-      // Online softmax for rows g (h = 0, elements 0-1) and g + 8 (h = 1, elements 2-3).
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float row_max = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < kScoreBlocks; ++n) {
-            row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-          }
-          row_max = group_max<4>(row_max);
-          const float m_new = fmaxf(m[mt][h], row_max * c);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
-          const float alpha = fast_exp2(m[mt][h] - m_use);
-          m[mt][h] = m_new;
-          d[mt][h] *= alpha;
-#pragma unroll
-          for (int n = 0; n < kHeadDim / 8; ++n) {
-            o[mt][n][2 * h] *= alpha;
-            o[mt][n][2 * h + 1] *= alpha;
-          }
-#pragma unroll
-          for (int n = 0; n < kScoreBlocks; ++n) {
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], c, -m_use));
-              d[mt][h] += s[mt][n][e];
-            }
-          }
-        }
-      }
-
-      // O += P V: the S accumulators of keys 16kb .. 16kb+15 are exactly an A fragment, and each
-      // V fragment serves all kMTiles row tiles.
+      // O += P V: each V fragment serves all kMTiles row tiles.
 #pragma unroll
       for (int kb = 0; kb < C::kKeyBlocks; ++kb) {
         uint32_t a[kMTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          a[mt][0] = pack2<T>(s[mt][2 * kb][0], s[mt][2 * kb][1]);
-          a[mt][1] = pack2<T>(s[mt][2 * kb][2], s[mt][2 * kb][3]);
-          a[mt][2] = pack2<T>(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
-          a[mt][3] = pack2<T>(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
-        }
+        for (int mt = 0; mt < kMTiles; ++mt) probabilities_fragment<T>(s[mt], kb, a[mt]);
 #pragma unroll
         for (int ds = 0; ds < C::kDimSteps; ++ds) {
           uint32_t vf[4];
@@ -244,7 +181,6 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
           }
         }
       }
-
     }  // pass
     pending_unmapped = ring.advance(p.kv, i, window);
   }
@@ -257,43 +193,13 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   float* stats = scratch + kWarpsKV * C::kRows * C::kOutStride;  // [kWarpsKV][kRows][2]
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float row_sum = group_sum<4>(d[mt][h]);
-      const int row = warp_row0 + mt * 16 + lane / 4 + 8 * h;
-      const int slot = warp_kv * C::kRows + row;
-      float* dst = scratch + slot * C::kOutStride + 2 * (lane % 4);
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
-      }
-      if (lane % 4 == 0) {
-        stats[2 * slot] = m[mt][h];
-        stats[2 * slot + 1] = row_sum;
-      }
-    }
+    park_rows<kHeadDim / 8, C::kOutStride>(scratch, stats,
+                                           warp_kv * C::kRows + warp_row0 + mt * 16, o[mt],
+                                           m[mt], d[mt], lane);
   }
   __syncthreads();
-
-  constexpr int kRowChunks = kHeadDim / 8;
-  for (int i = tid; i < C::kRows * kRowChunks; i += C::kThreads) {
-    const int row = i / kRowChunks;
-    const int d0 = (i % kRowChunks) * 8;
-    if (row_begin + row >= row_end) continue;
-    SoftmaxState state{stats[2 * row], stats[2 * row + 1]};
-    float acc[8];
-    const float* src = scratch + row * C::kOutStride + d0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = src[e];
-    for (int wk = 1; wk < kWarpsKV; ++wk) {
-      const int other = wk * C::kRows + row;
-      const MergeFactors f = merge_states(state, {stats[2 * other], stats[2 * other + 1]});
-      const float* ob = scratch + other * C::kOutStride + d0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = acc[e] * f.fa + ob[e] * f.fb;
-    }
-    write_row<T>(p, w, row_begin + row, d0, acc, state);
-  }
+  write_parked_rows<T, kHeadDim, C::kRows, kWarpsKV, C::kOutStride, C::kThreads>(
+      p, w, row_begin, row_end, scratch, stats);
 }
 
 }  // namespace pagekernels::cuda

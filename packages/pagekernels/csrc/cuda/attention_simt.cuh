@@ -37,7 +37,7 @@ struct SimtConfig {
   static constexpr int kKeysPerThread = kTile / kKeyGroups;
   static constexpr int kStages = 4;
   static constexpr int kAhead = 4;  // block_table lookahead in tiles (kv_ring.cuh)
-  using Ring = KVRing<T, kTile, kDimCap, kStages, kThreads, /*kSwizzle=*/false>;
+  using Ring = KVRing<T, kTile, kDimCap, kStages, kThreads, TileLayout::kPlain>;
   static constexpr size_t kSmemBytes = Ring::kSmemBytes;
   static_assert(kKeyGroups * kRows * (kDimCap + 2) * sizeof(float) <= Ring::kRingBytes,
                 "merge scratch reuses the K/V ring");

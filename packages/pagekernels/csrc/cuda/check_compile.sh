@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile every csrc/cuda/*.cu for sm_90 (flags as in CMakeLists.txt, plus ptxas statistics) and
+# Compile every csrc/cuda/*.cu for sm_90a (flags as in CMakeLists.txt, plus ptxas statistics) and
 # print one line per kernel: registers, stack frame, spills. Nonzero exit on a compile error.
 # Usage: csrc/cuda/check_compile.sh [file.cu ...]   (needs nvcc 13 and the mlx wheel headers)
 set -euo pipefail
@@ -15,7 +15,7 @@ files=("$@")
 for f in "${files[@]}"; do
   name="$(basename "$f")"
   echo "== $name"
-  if ! nvcc -std=c++20 -arch=sm_90 -O3 --expt-relaxed-constexpr -diag-suppress=997 -Xptxas -v \
+  if ! nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -diag-suppress=997 -Xptxas -v \
       -I "$here/fmt_shim" -I "$csrc" -I "$mlx_include" -DPAGEKERNELS_WITH_CUDA \
       -c "$f" -o "$out/$name.o" >"$out/$name.log" 2>&1; then
     cat "$out/$name.log"

@@ -25,12 +25,19 @@
 
 #include "cuda/device_utils.cuh"
 #include "cuda/kv_source.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace pagekernels::cuda {
 
-// kRowElems: elements per shared row (the kernel's head-dim capacity). kSwizzle: place 16-byte
-// chunk c of row r at chunk c ^ (r % 8) (for ldmatrix); otherwise rows are plain.
-template <typename T, int kTile, int kRowElems, int kStages, int kThreads, bool kSwizzle>
+// How a tile's rows sit in shared memory.
+enum class TileLayout {
+  kPlain,       // [kTile][kRowElems]
+  kSwizzleRow,  // same, 16-byte chunk c of row r at chunk c ^ (r % 8) (conflict-free ldmatrix)
+  kSwizzle128,  // 64-element column blocks with the 128-byte swizzle that wgmma reads
+};
+
+// kRowElems: elements per shared row (the kernel's head-dim capacity).
+template <typename T, int kTile, int kRowElems, int kStages, int kThreads, TileLayout kLayout>
 struct KVRing {
   static constexpr int kOffsetSlots = kStages + 1;
   static constexpr int kElemsPerChunk = 16 / int(sizeof(T));
@@ -68,7 +75,9 @@ struct KVRing {
         num_tiles(end_ > begin_ ? (end_ - begin_ + kTile - 1) / kTile : 0) {}
 
   __device__ __forceinline__ static int position(int row, int chunk) {
-    if constexpr (kSwizzle) {
+    if constexpr (kLayout == TileLayout::kSwizzle128) {
+      return swizzle128_position<kTile>(row, chunk);
+    } else if constexpr (kLayout == TileLayout::kSwizzleRow) {
       return row * kRowElems + ((chunk ^ (row & 7)) * kElemsPerChunk);
     } else {
       return row * kRowElems + chunk * kElemsPerChunk;
@@ -150,6 +159,37 @@ struct KVRing {
     return offsets + (tile % kOffsetSlots) * kTile;
   }
   __device__ __forceinline__ int first_key(int tile) const { return begin + tile * kTile; }
+};
+
+// Which offset slots hold a tile with an unmapped key in range (only those need the element
+// mask), agreed on by the whole CTA through the ring's barriers (__syncthreads_or).
+template <int kStages>
+class UnmappedTiles {
+ public:
+  // The prologue barriers; `mine` is this thread's KVRing::start result.
+  __device__ __forceinline__ void start(uint32_t mine) {
+    for (int s = 0; s < kStages; ++s) {
+      if (__syncthreads_or((mine >> s) & 1u)) bits_ |= 1u << s;
+    }
+  }
+
+  // The barrier before tile i; it also collects the flags of tile i + kStages - 1, whose offsets
+  // KVRing::advance stored at the end of iteration i - 1 (`stored` is its result).
+  __device__ __forceinline__ void barrier(int i, bool stored) {
+    const uint32_t bit = 1u << ((i + kStages - 1) % (kStages + 1));
+    if (__syncthreads_or(stored)) {
+      bits_ |= bit;
+    } else if (i > 0) {
+      bits_ &= ~bit;
+    }
+  }
+
+  __device__ __forceinline__ bool operator()(int tile) const {
+    return (bits_ >> (tile % (kStages + 1))) & 1u;
+  }
+
+ private:
+  uint32_t bits_ = 0;
 };
 
 }  // namespace pagekernels::cuda

@@ -12,6 +12,7 @@ namespace {
 std::atomic<int> g_decode_splits{0};
 std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
+std::atomic<bool> g_prefill_wgmma{true};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -40,5 +41,9 @@ int prefill_num_splits() { return g_prefill_splits; }
 void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
+
+void set_prefill_wgmma(bool enabled) { g_prefill_wgmma = enabled; }
+
+bool prefill_wgmma() { return g_prefill_wgmma; }
 
 }  // namespace pagekernels::cuda

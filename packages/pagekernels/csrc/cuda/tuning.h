@@ -18,4 +18,9 @@ int prefill_num_splits();
 void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
 
+// Prefill tiles of 128 packed rows on Hopper warpgroup MMA (wgmma, sm_90 devices, float16/
+// bfloat16, D = 64 or 128); false forces the mma.sync kernel. Default true.
+void set_prefill_wgmma(bool enabled);
+bool prefill_wgmma();
+
 }  // namespace pagekernels::cuda

@@ -1,0 +1,182 @@
+// Hopper prefill kernel (wgmma, sm_90a) for float16 and bfloat16 with D = 64 or 128: the
+// prefill schedule's 128-row tiles (L * G > 64 packed rows), where mma.sync reached ~250 TFLOP/s.
+//
+// CTA = 2 warpgroups x 64 packed query rows, sharing one cp.async ring of 64-key K/V tiles
+// (kv_ring.cuh, stored with the 128-byte swizzle that wgmma descriptors read). Q is loaded once
+// into registers as A fragments. Per tile and warpgroup:
+//   S (64 x 64) = Q K^T   wgmma m64n64k16, A = Q from registers, B = the K tile (K-major)
+//   mask (only tiles crossing a row's causal limit, the chunk end or an unmapped page), online
+//   softmax in the exp2 domain (mma_tile.cuh, shared with attention_mma.cuh)
+//   O (64 x D) += P V     wgmma m64nDk16, A = P straight from the S accumulators, B = the V
+//                         tile read MN-major (transpose-B), so V needs no transposed copy
+// A warpgroup whose rows end before a tile (causal) skips its math but keeps the barriers. The
+// two warpgroups overlap each other's softmax and MMAs; the epilogue is attention_mma's.
+#pragma once
+
+#include "cuda/attention_common.cuh"
+#include "cuda/kv_ring.cuh"
+#include "cuda/kv_source.cuh"
+#include "cuda/mma_tile.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace pagekernels::cuda {
+
+template <typename T, int kHeadDim, int kStagesArg>
+struct WgmmaConfig {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma path: D = 64 or 128");
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kGroupRows = 64;  // the m of wgmma
+  static constexpr int kRows = kGroupRows * kWarpGroups;
+  static constexpr int kTile = 64;  // keys per pipeline stage
+  static constexpr int kStages = kStagesArg;
+  static constexpr int kAhead = 1;
+  static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
+  static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
+  static constexpr int kScoreBlocks = kTile / 8;
+  static constexpr int kOutBlocks = kHeadDim / 8;
+  static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
+  static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
+  using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzle128>;
+  static constexpr size_t kQBytes = kRows * kHeadDim * sizeof(T);
+  // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
+  static constexpr size_t kSmemBytes = kQBytes + Ring::kSmemBytes + kSwizzleAtomBytes;
+  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= kQBytes + Ring::kRingBytes,
+                "epilogue scratch reuses the Q tile and the K/V ring");
+};
+
+template <typename T, int kHeadDim, int kStages, typename KV>
+__global__ void __launch_bounds__(256, 1)
+    attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
+  using C = WgmmaConfig<T, kHeadDim, kStages>;
+  constexpr int kTile = C::kTile;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) %
+                            kSwizzleAtomBytes;
+  unsigned char* smem = smem_raw + (misalign ? kSwizzleAtomBytes - misalign : 0);
+  T* q_tile = reinterpret_cast<T*>(smem);  // [kRows][kHeadDim], 128-byte swizzle
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int group_row0 = (tid / 128) * C::kGroupRows;      // this warpgroup's first row
+  const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
+  const WorkItem w = work_item(p);
+  const int num_keys = p.kv.num_keys(w.b);
+  const int row_begin = w.row_block * C::kRows;
+  const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
+  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
+  const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
+                              range.end, kHeadDim);
+  const int unmasked_end = min(range.all_rows, range.end);
+
+  // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this warpgroup
+  // needs at all (its last row's limit).
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_begin + warp_row0 + lane / 4 + 8 * h;
+    limit[h] = r < row_end
+                   ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal), range.end)
+                   : 0;
+  }
+  const int group_last = min(row_begin + group_row0 + C::kGroupRows, row_end) - 1;
+  const int group_end =
+      group_last >= row_begin + group_row0
+          ? min(row_key_limit(group_last / p.group, p.query_len, num_keys, p.causal), range.end)
+          : 0;
+
+  // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
+  for (int i = tid; i < C::kRows * C::kChunks; i += C::kThreads) {
+    const int row = i / C::kChunks;
+    const int chunk = i % C::kChunks;
+    const int r = row_begin + row;
+    const bool valid = r < row_end;
+    const T* src = valid ? p.q + q_row_offset(p, w.b, w.kv_head, r) + chunk * 8 : p.q;
+    cp_async_16(q_tile + swizzle128_position<C::kRows>(row, chunk), src, valid);
+  }
+  cp_async_commit();
+
+  KVRow window[C::kAhead];
+  UnmappedTiles<kStages> unmapped;
+  unmapped.start(ring.start(p.kv, window));
+  for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
+
+  const float c = positive_scale(p.scale_log2);
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  if (p.scale_log2 <= 0.0f) {
+    fold_scale_sign(q_tile, C::kRows * kHeadDim, p.scale_log2);
+    __syncthreads();
+  }
+  uint32_t qf[C::kDimSteps][4];  // this warp's 16 rows of Q as A fragments
+#pragma unroll
+  for (int ds = 0; ds < C::kDimSteps; ++ds) {
+    ldmatrix_x4(qf[ds],
+                q_tile + swizzle128_position<C::kRows>(warp_row0 + lane % 16, 2 * ds + lane / 16));
+  }
+
+  float o[C::kOutBlocks][4] = {};
+  float m[2] = {-INFINITY, -INFINITY};
+  float d[2] = {};
+  bool pending_unmapped = false;
+
+  for (int i = 0; i < ring.num_tiles; ++i) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();  // tile i's bytes, written by cp.async, are read by wgmma
+    unmapped.barrier(i, pending_unmapped);
+    ring.issue(i + kStages - 1);
+
+    const int t0 = ring.first_key(i);
+    if (t0 < group_end) {  // uniform across the warpgroup, as wgmma requires
+      // S = Q K^T: k16 step ds reads dims 16 ds .. 16 ds + 15 of every key row, 32 bytes into
+      // the 128-byte rows of column block ds / 4.
+      const T* ks = ring.k_tile(i);
+      float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
+      wgmma_fence();
+#pragma unroll
+      for (int ds = 0; ds < C::kDimSteps; ++ds) {
+        const uint64_t desc = smem_descriptor(ks + (ds / 4) * kTile * 64 + (ds % 4) * 16,
+                                              16, kSwizzleAtomBytes);
+        wgmma_rs<T, kTile, 0>(s, qf[ds], desc, ds > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s);
+
+      if (t0 + kTile > unmasked_end || unmapped(i)) {
+        mask_scores(s, ring.tile_offsets(i), 0, t0, limit, lane);
+      }
+      online_softmax(s, m, d, o, c);
+
+      // O += P V: k16 step kb reads key rows 16 kb .. 16 kb + 15 (2 swizzle atoms); the n = D
+      // columns span D / 64 column blocks, kTile rows apart (the leading byte offset).
+      uint32_t a[C::kKeySteps][4];
+#pragma unroll
+      for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, a[kb]);
+      const T* vs = ring.v_tile(i);
+      fence_registers(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < C::kKeySteps; ++kb) {
+        const uint64_t desc = smem_descriptor(vs + kb * 16 * 64, kTile * 128, kSwizzleAtomBytes);
+        wgmma_rs<T, kHeadDim, 1>(o, a[kb], desc, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(o);
+    }
+    pending_unmapped = ring.advance(p.kv, i, window);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // Q and the ring are free from here on
+
+  float* scratch = reinterpret_cast<float*>(smem);  // [kRows][kOutStride]
+  float* stats = scratch + C::kRows * C::kOutStride;  // [kRows][2]
+  park_rows<C::kOutBlocks, C::kOutStride>(scratch, stats, warp_row0, o, m, d, lane);
+  __syncthreads();
+  write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kThreads>(p, w, row_begin,
+                                                                          row_end, scratch, stats);
+}
+
+}  // namespace pagekernels::cuda

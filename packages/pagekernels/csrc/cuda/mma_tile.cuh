@@ -1,0 +1,143 @@
+// Per-tile math shared by the tensor-core attention kernels (attention_mma.cuh on mma.sync,
+// attention_wgmma.cuh on wgmma). Both hold scores and outputs in the m16n8 accumulator layout:
+// for one 16-row tile, block n element e of lane (g = lane / 4, c = lane % 4) is row
+// g + 8 * (e / 2), column 8n + 2c + (e % 2). Rows g and g + 8 are this lane's "h = 0" and "h = 1".
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention_common.cuh"
+#include "cuda/device_utils.cuh"
+
+namespace pagekernels::cuda {
+
+// The softmax helpers below assume c = scale * log2(e) > 0. A negative scale is folded into Q as
+// a sign flip and a zero scale as zeros (both exact in 16-bit floats, fold_scale_sign); the
+// softmax then runs with c = |c| (or 1).
+__device__ __forceinline__ float positive_scale(float scale_log2) {
+  return scale_log2 > 0.0f ? scale_log2 : (scale_log2 < 0.0f ? -scale_log2 : 1.0f);
+}
+
+// Folds the sign of a scale <= 0 into a 16-bit Q tile of `elems` elements in shared memory
+// (the whole CTA calls it; the caller puts barriers around it).
+template <typename T>
+__device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scale_log2) {
+  const uint32_t flip = scale_log2 < 0.0f ? 0x80008000u : 0u;
+  const uint32_t keep = scale_log2 < 0.0f ? 0xffffffffu : 0u;
+  uint32_t* words = reinterpret_cast<uint32_t*>(q_tile);
+  for (int i = static_cast<int>(threadIdx.x); i < elems / 2; i += static_cast<int>(blockDim.x)) {
+    words[i] = (words[i] ^ flip) & keep;
+  }
+}
+
+// Masks the scores of keys key0 + [0, 8 * kBlocks) of a tile starting at key t0: a key drops out
+// when its page is unmapped (offset < 0) or it is at or past its row's limit.
+template <int kBlocks>
+__device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], const int64_t* offsets,
+                                            int key0, int t0, const int (&limit)[2], int lane) {
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
+      if (!(offsets[key] >= 0 && t0 + key < limit[e / 2])) s[n][e] = -INFINITY;
+    }
+  }
+}
+
+// One online-softmax step in the exp2 domain (c = scale * log2(e) > 0): updates the running max
+// m and sum d of rows h = 0, 1, rescales their outputs o, and turns s into p = 2^(c s - m).
+template <int kBlocks, int kOutBlocks>
+__device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&m)[2],
+                                               float (&d)[2], float (&o)[kOutBlocks][4],
+                                               float c) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float row_max = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+      row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    }
+    row_max = group_max<4>(row_max);
+    const float m_new = fmaxf(m[h], row_max * c);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
+    const float alpha = fast_exp2(m[h] - m_use);
+    m[h] = m_new;
+    d[h] *= alpha;
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      o[n][2 * h] *= alpha;
+      o[n][2 * h + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
+        d[h] += s[n][e];
+      }
+    }
+  }
+}
+
+// The probabilities of keys 16 kb .. 16 kb + 15 as the A fragment of P V (they are exactly one).
+template <typename T, int kBlocks>
+__device__ __forceinline__ void probabilities_fragment(const float (&s)[kBlocks][4], int kb,
+                                                       uint32_t (&a)[4]) {
+  a[0] = pack2<T>(s[2 * kb][0], s[2 * kb][1]);
+  a[1] = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
+  a[2] = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+  a[3] = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+}
+
+// Epilogue, step 1: parks this lane's (m, d, O) of one 16-row tile whose row g has slot `slot0`
+// in fp32 scratch ([slots][kOutStride]) and stats ([slots][2]).
+template <int kOutBlocks, int kOutStride>
+__device__ __forceinline__ void park_rows(float* scratch, float* stats, int slot0,
+                                          const float (&o)[kOutBlocks][4], const float (&m)[2],
+                                          const float (&d)[2], int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float row_sum = group_sum<4>(d[h]);
+    const int slot = slot0 + lane / 4 + 8 * h;
+    float* dst = scratch + slot * kOutStride + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+    }
+    if (lane % 4 == 0) {
+      stats[2 * slot] = m[h];
+      stats[2 * slot + 1] = row_sum;
+    }
+  }
+}
+
+// Epilogue, step 2 (after a barrier): the CTA merges the kParts parked states of each of its
+// kRows rows (slot part * kRows + row) and writes 8 dims per thread and step.
+template <typename T, int kHeadDim, int kRows, int kParts, int kOutStride, int kThreads,
+          typename P>
+__device__ __forceinline__ void write_parked_rows(const P& p, const WorkItem& w, int row_begin,
+                                                  int row_end, const float* scratch,
+                                                  const float* stats) {
+  constexpr int kRowChunks = kHeadDim / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * kRowChunks; i += kThreads) {
+    const int row = i / kRowChunks;
+    const int d0 = (i % kRowChunks) * 8;
+    if (row_begin + row >= row_end) continue;
+    SoftmaxState state{stats[2 * row], stats[2 * row + 1]};
+    float acc[8];
+    const float* src = scratch + row * kOutStride + d0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = src[e];
+    for (int part = 1; part < kParts; ++part) {
+      const int other = part * kRows + row;
+      const MergeFactors f = merge_states(state, {stats[2 * other], stats[2 * other + 1]});
+      const float* ob = scratch + other * kOutStride + d0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = acc[e] * f.fa + ob[e] * f.fb;
+    }
+    write_row<T>(p, w, row_begin + row, d0, acc, state);
+  }
+}
+
+}  // namespace pagekernels::cuda

@@ -1,0 +1,146 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel of attention_wgmma.cuh: shared
+// memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and the
+// register-A form (A from registers, B from shared memory) at n = 64 and 128.
+//
+// Layout of every shared operand (K and V tiles): 64-element column blocks of [rows][64]
+// elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8) (CUTLASS's
+// Swizzle<3,4,3>), each block starting on a 1024-byte boundary. The same bytes serve as
+//   K-major B (Q K^T: B = K^T, rows = keys, contiguous = head dim), and
+//   MN-major B (P V: B = V, rows = keys, contiguous = head dim, transpose-B = 1).
+// Register fragments and accumulators have mma.sync's m16n8k16 layout per warp: warp w of the
+// warpgroup owns rows 16w .. 16w + 15; accumulator 4j + e of lane (g = lane / 4, c = lane % 4)
+// is row g + 8 (e / 2), column 8j + 2c + (e % 2).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace pagekernels::cuda {
+
+// Rows of the 128-byte swizzle atom, and the bytes between consecutive 8-row groups.
+constexpr int kSwizzleRows = 8;
+constexpr uint32_t kSwizzleAtomBytes = 1024;
+
+// Element index of 16-byte chunk `chunk` (8 elements) of row `row` in a [kRows][D] tile of
+// 16-bit elements stored as 64-element column blocks with the 128-byte swizzle.
+template <int kRows>
+__device__ __forceinline__ int swizzle128_position(int row, int chunk) {
+  constexpr int kBlockElems = 64;  // elements per 128-byte row of one column block
+  return (chunk / 8) * (kRows * kBlockElems) + row * kBlockElems +
+         ((chunk % 8) ^ (row % kSwizzleRows)) * 8;
+}
+
+// Shared-memory matrix descriptor (PTX "matrix-descriptor-encode"): start address, leading and
+// stride byte offsets (all >> 4) and the 128-byte swizzle mode (1 in bits 62-63).
+__device__ __forceinline__ uint64_t smem_descriptor(const void* start, uint32_t leading_bytes,
+                                                    uint32_t stride_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(start));
+  uint64_t desc = (addr & 0x3FFFF) >> 4;
+  desc |= static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
+  desc |= uint64_t{1} << 62;
+  return desc;
+}
+
+// Makes this thread's generic-proxy shared writes (cp.async included) visible to wgmma.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The compiler does not know that wgmma writes its accumulators asynchronously: this pins every
+// read and write of `acc` after the preceding wgmma_wait (and before the next wgmma).
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&acc)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+  }
+}
+
+// m64n64k16: 32 fp32 accumulators per thread; operands %32..%35 = A, %36 = B
+// descriptor, %37 = scale-d, %38 = transpose-B.
+#define PAGEKERNELS_WGMMA_RS_64(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+
+// m64n128k16: 64 fp32 accumulators per thread; operands %64..%67 = A, %68 = B
+// descriptor, %69 = scale-d, %70 = transpose-B.
+#define PAGEKERNELS_WGMMA_RS_128(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37," \
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55," \
+      "%56, %57, %58, %59, %60, %61, %62, %63" \
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
+        "+f"(d[62]), "+f"(d[63]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+
+// acc (64 x kN, fp32) = (scale_d ? acc : 0) + A (64 x 16, registers) * B (16 x kN, shared);
+// kTransB = 0 for K-major B, 1 for MN-major B. Asynchronous: see wgmma_commit / wgmma_wait.
+template <typename T, int kN, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&acc)[kN / 8][4], const uint32_t (&a)[4],
+                                         uint64_t desc_b, int scale_d) {
+  static_assert(kN == 64 || kN == 128, "n = 64 or 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float(&d)[kN / 2] = reinterpret_cast<float(&)[kN / 2]>(acc);
+  if constexpr (kN == 64) {
+    if constexpr (std::is_same_v<T, __half>) {
+      PAGEKERNELS_WGMMA_RS_64("f16");
+    } else {
+      PAGEKERNELS_WGMMA_RS_64("bf16");
+    }
+  } else {
+    if constexpr (std::is_same_v<T, __half>) {
+      PAGEKERNELS_WGMMA_RS_128("f16");
+    } else {
+      PAGEKERNELS_WGMMA_RS_128("bf16");
+    }
+  }
+#else
+  __trap();  // the host launches wgmma kernels only on sm_90 devices, built for sm_90a
+#endif
+}
+
+#undef PAGEKERNELS_WGMMA_RS_64
+#undef PAGEKERNELS_WGMMA_RS_128
+
+}  // namespace pagekernels::cuda
