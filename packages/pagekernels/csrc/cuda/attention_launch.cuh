@@ -2,8 +2,8 @@
 // plan the split from shapes, and add the attention (+ merge) nodes to MLX's graph.
 //
 // Schedules: decode (L <= kDecodeMaxQueryLen) and prefill. Kernels:
-//   float16/bfloat16, D in {64, 128}: attention_wgmma for prefill tiles of 128 rows on sm_90,
-//     attention_mma otherwise (decode or prefill warp layout);
+//   float16/bfloat16, D in {64, 128}: attention_wgmma for prefill tiles of 128 rows at D = 128
+//     on sm_90, attention_mma otherwise (decode or prefill warp layout);
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
@@ -103,16 +103,9 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
 }
 
 template <typename T, typename KV>
-KernelChoice<T, KV> wgmma_kernel(int head_dim) {
-  auto choice = [](auto kernel, auto config) -> KernelChoice<T, KV> {
-    using C = decltype(config);
-    return {kernel, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
-  };
-  constexpr int kStages = 4;
-  if (head_dim == 64) {
-    return choice(&attention_wgmma_kernel<T, 64, kStages, KV>, WgmmaConfig<T, 64, kStages>{});
-  }
-  return choice(&attention_wgmma_kernel<T, 128, kStages, KV>, WgmmaConfig<T, 128, kStages>{});
+KernelChoice<T, KV> wgmma_kernel() {
+  using C = WgmmaConfig<T, 128, 4>;
+  return {&attention_wgmma_kernel<T, 128, 4, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
 }
 
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
@@ -148,9 +141,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   if constexpr (!std::is_same_v<T, float>) {
     if (tensor_cores) {
       const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
-      choice = layout == MmaLayout::kPrefill128 && prefill_wgmma() && is_sm90(enc)
-                   ? wgmma_kernel<T, KV>(s.head_dim)
-                   : mma_kernel<T, KV>(s.head_dim, layout);
+      // D = 64 stays on mma.sync: its wgmma variant went wrong past the first key tile.
+      const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
+                         prefill_wgmma() && is_sm90(enc);
+      choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);
