@@ -161,7 +161,11 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
         }
       }
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) online_softmax(s[mt], m[mt], d[mt], o[mt], c);
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        float alpha[2];
+        softmax_scores(s[mt], m[mt], d[mt], c, alpha);
+        rescale_rows(o[mt], alpha);
+      }
 
       // O += P V: each V fragment serves all kMTiles row tiles.
 #pragma unroll

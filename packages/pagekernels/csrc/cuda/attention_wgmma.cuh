@@ -1,16 +1,17 @@
-// Hopper prefill kernel (wgmma, sm_90a) for float16 and bfloat16 with D = 64 or 128: the
-// prefill schedule's 128-row tiles (L * G > 64 packed rows), where mma.sync reached ~250 TFLOP/s.
+// Hopper prefill kernel (wgmma, sm_90a) for float16 and bfloat16 at D = 128: the prefill
+// schedule's 128-row tiles (L * G > 64 packed rows), where mma.sync reached ~250 TFLOP/s.
 //
 // CTA = 2 warpgroups x 64 packed query rows, sharing one cp.async ring of 64-key K/V tiles
 // (kv_ring.cuh, stored with the 128-byte swizzle that wgmma descriptors read). Q is loaded once
-// into registers as A fragments. Per tile and warpgroup:
-//   S (64 x 64) = Q K^T   wgmma m64n64k16, A = Q from registers, B = the K tile (K-major)
-//   mask (only tiles crossing a row's causal limit, the chunk end or an unmapped page), online
-//   softmax in the exp2 domain (mma_tile.cuh, shared with attention_mma.cuh)
-//   O (64 x D) += P V     wgmma m64nDk16, A = P straight from the S accumulators, B = the V
-//                         tile read MN-major (transpose-B), so V needs no transposed copy
+// into registers as A fragments. Per warpgroup, in FlashAttention-3's intra-warpgroup order:
+//   iteration j:  S_j = Q K_j^T         wgmma m64n64k16, A = Q (registers), B = K tile (K-major)
+//                 O += P_{j-1} V_{j-1}  wgmma m64n128k16, A = P (registers), B = V tile read
+//                                       MN-major (transpose-B), so V needs no transposed copy
+//                 wait for S_j; mask (only tiles crossing a row's causal limit, the chunk end
+//                 or an unmapped page) and online softmax of S_j while P V runs on the tensor
+//                 cores; wait for P V; rescale O by the new row maxima; P_j = S_j as bf16/f16
 // A warpgroup whose rows end before a tile (causal) skips its math but keeps the barriers. The
-// two warpgroups overlap each other's softmax and MMAs; the epilogue is attention_mma's.
+// ring refills a stage two tiles after its keys were used, once P V has read its values.
 #pragma once
 
 #include "cuda/attention_common.cuh"
@@ -23,14 +24,18 @@ namespace pagekernels::cuda {
 
 template <typename T, int kHeadDim, int kStagesArg>
 struct WgmmaConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma path: D = 64 or 128");
+  // D = 64 (one 64-column block, n = 64 for P V) gave wrong results past the first key tile on
+  // the H200 and stays on attention_mma.
+  static_assert(kHeadDim == 128, "wgmma path: D = 128");
   static constexpr int kWarpGroups = 2;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kGroupRows = 64;  // the m of wgmma
   static constexpr int kRows = kGroupRows * kWarpGroups;
   static constexpr int kTile = 64;  // keys per pipeline stage
   static constexpr int kStages = kStagesArg;
+  static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   static constexpr int kAhead = 1;
+  static constexpr uint32_t kTileBytes = kTile * kHeadDim * sizeof(T);
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
   static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
   static constexpr int kScoreBlocks = kTile / 8;
@@ -100,10 +105,10 @@ __global__ void __launch_bounds__(256, 1)
   KVRow window[C::kAhead];
   UnmappedTiles<kStages> unmapped;
   unmapped.start(ring.start(p.kv, window));
-  for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
+  for (int s = 0; s < kStages - 2; ++s) ring.issue(s);
 
   const float c = positive_scale(p.scale_log2);
-  cp_async_wait<kStages - 1>();
+  cp_async_wait<kStages - 2>();  // the Q group
   __syncthreads();
   if (p.scale_log2 <= 0.0f) {
     fold_scale_sign(q_tile, C::kRows * kHeadDim, p.scale_log2);
@@ -116,57 +121,83 @@ __global__ void __launch_bounds__(256, 1)
                 q_tile + swizzle128_position<C::kRows>(warp_row0 + lane % 16, 2 * ds + lane / 16));
   }
 
+  // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
+  // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
+  const uint64_t k_desc = smem_descriptor(ring.k_tile(0), 16, kSwizzleAtomBytes);
+  const uint64_t v_desc = smem_descriptor(ring.v_tile(0), kTile * 128, kSwizzleAtomBytes);
+  auto stage_offset = [](int tile) -> uint64_t {
+    return ((tile % kStages) * C::kTileBytes) >> 4;
+  };
+
   float o[C::kOutBlocks][4] = {};
   float m[2] = {-INFINITY, -INFINITY};
   float d[2] = {};
+  uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
+  bool has_p = false;
   bool pending_unmapped = false;
 
+  // O += P V of `tile` (asynchronous, one commit group): k step kb reads key rows 16 kb .. +15
+  // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
+  auto issue_pv = [&](int tile) {
+    fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < C::kKeySteps; ++kb) {
+      wgmma_rs<T, kHeadDim, 1>(o, pf[kb], v_desc + stage_offset(tile) + ((kb * 16 * 128) >> 4),
+                               1);
+    }
+    wgmma_commit();
+  };
+
   for (int i = 0; i < ring.num_tiles; ++i) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<kStages - 3>();
     fence_proxy_async();  // tile i's bytes, written by cp.async, are read by wgmma
     unmapped.barrier(i, pending_unmapped);
-    ring.issue(i + kStages - 1);
+    ring.issue(i + kStages - 2);  // into the stage of tile i - 2, whose P V is done
 
     const int t0 = ring.first_key(i);
     if (t0 < group_end) {  // uniform across the warpgroup, as wgmma requires
-      // S = Q K^T: k16 step ds reads dims 16 ds .. 16 ds + 15 of every key row, 32 bytes into
-      // the 128-byte rows of column block ds / 4.
-      const T* ks = ring.k_tile(i);
+      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every key row, 32 bytes into the
+      // 128-byte rows of column block ds / 4.
       float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
       wgmma_fence();
 #pragma unroll
       for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        const uint64_t desc = smem_descriptor(ks + (ds / 4) * kTile * 64 + (ds % 4) * 16,
-                                              16, kSwizzleAtomBytes);
-        wgmma_rs<T, kTile, 0>(s, qf[ds], desc, ds > 0);
+        const uint32_t offset = (ds / 4) * kTile * 128 + (ds % 4) * 32;
+        wgmma_rs<T, kTile, 0>(s, qf[ds], k_desc + stage_offset(i) + (offset >> 4), ds > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      if (has_p) {
+        issue_pv(i - 1);
+        wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
+      } else {
+        wgmma_wait<0>();
+      }
       fence_registers(s);
 
       if (t0 + kTile > unmasked_end || unmapped(i)) {
         mask_scores(s, ring.tile_offsets(i), 0, t0, limit, lane);
       }
-      online_softmax(s, m, d, o, c);
-
-      // O += P V: k16 step kb reads key rows 16 kb .. 16 kb + 15 (2 swizzle atoms); the n = D
-      // columns span D / 64 column blocks, kTile rows apart (the leading byte offset).
-      uint32_t a[C::kKeySteps][4];
-#pragma unroll
-      for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, a[kb]);
-      const T* vs = ring.v_tile(i);
-      fence_registers(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < C::kKeySteps; ++kb) {
-        const uint64_t desc = smem_descriptor(vs + kb * 16 * 64, kTile * 128, kSwizzleAtomBytes);
-        wgmma_rs<T, kHeadDim, 1>(o, a[kb], desc, 1);
-      }
-      wgmma_commit();
+      float alpha[2];
+      softmax_scores(s, m, d, c, alpha);
       wgmma_wait<0>();
       fence_registers(o);
+      rescale_rows(o, alpha);
+#pragma unroll
+      for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
+      has_p = true;
+    } else if (has_p) {  // this warpgroup's rows end here: apply its last P
+      issue_pv(i - 1);
+      wgmma_wait<0>();
+      fence_registers(o);
+      has_p = false;
     }
     pending_unmapped = ring.advance(p.kv, i, window);
+  }
+  if (has_p) {
+    issue_pv(ring.num_tiles - 1);
+    wgmma_wait<0>();
+    fence_registers(o);
   }
   cp_async_wait<0>();
   __syncthreads();  // Q and the ring are free from here on

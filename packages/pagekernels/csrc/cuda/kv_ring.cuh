@@ -12,6 +12,9 @@
 //     ring.advance(kv, i, window)             // stores tile i+kStages's offsets into tile
 //                                             // i-1's slot, looks up tile i+kStages+kAhead
 //
+// attention_wgmma refills one tile later (issue(i + kStages - 2), wait<kStages - 3>): its P V of
+// tile i - 1 still reads that stage while tile i is computed.
+//
 // The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
 // decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
 //

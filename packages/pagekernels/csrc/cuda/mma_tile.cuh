@@ -45,12 +45,12 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], const int64_
   }
 }
 
-// One online-softmax step in the exp2 domain (c = scale * log2(e) > 0): updates the running max
-// m and sum d of rows h = 0, 1, rescales their outputs o, and turns s into p = 2^(c s - m).
-template <int kBlocks, int kOutBlocks>
-__device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&m)[2],
-                                               float (&d)[2], float (&o)[kOutBlocks][4],
-                                               float c) {
+// One online-softmax step in the exp2 domain (c = scale * log2(e) > 0) for rows h = 0, 1:
+// updates the running max m and sum d, turns s into p = 2^(c s - m) and returns in alpha the
+// factor by which the rows' outputs must be rescaled (rescale_rows).
+template <int kBlocks>
+__device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m)[2],
+                                               float (&d)[2], float c, float (&alpha)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float row_max = -INFINITY;
@@ -61,14 +61,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&m
     row_max = group_max<4>(row_max);
     const float m_new = fmaxf(m[h], row_max * c);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
-    const float alpha = fast_exp2(m[h] - m_use);
+    alpha[h] = fast_exp2(m[h] - m_use);
     m[h] = m_new;
-    d[h] *= alpha;
-#pragma unroll
-    for (int n = 0; n < kOutBlocks; ++n) {
-      o[n][2 * h] *= alpha;
-      o[n][2 * h + 1] *= alpha;
-    }
+    d[h] *= alpha[h];
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
@@ -77,6 +72,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&m
         d[h] += s[n][e];
       }
     }
+  }
+}
+
+template <int kOutBlocks>
+__device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < kOutBlocks; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
   }
 }
 
