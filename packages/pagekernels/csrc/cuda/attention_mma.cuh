@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   cp_async_commit();
 
   KVRow window[C::kAhead];
-  UnmappedTiles<kStages> unmapped;
+  UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;
   unmapped.start(ring.start(p.kv, window));
   for (int s = 0; s < kStages - 1; ++s) ring.issue(s);
 

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(256, 1)
   cp_async_commit();
 
   KVRow window[C::kAhead];
-  UnmappedTiles<kStages> unmapped;
+  UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;
   unmapped.start(ring.start(p.kv, window));
   for (int s = 0; s < kStages - 2; ++s) ring.issue(s);
 

@@ -1,7 +1,7 @@
 // The K/V tile ring both attention kernels stream keys through (cp.async, kStages deep).
 //
 // Tile i holds keys begin + i * kTile + [0, kTile) in stage i % kStages. Its row offsets are
-// resolved once per key, by thread j for key j, into offset slot i % (kStages + 1), and shared
+// resolved once per key, by thread j for key j, into offset slot i % kOffsetSlots, and shared
 // through shared memory with the threads that issue the 16-byte copies. Kernels use it as:
 //
 //   ring.start(kv, window); barrier; ring.issue(s) for s < kStages - 1
@@ -9,8 +9,8 @@
 //     cp_async_wait<kStages - 2>(); barrier   // tile i has landed
 //     ring.issue(i + kStages - 1)             // refills tile i-1's stage
 //     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.tile_offsets(i) for masks)
-//     ring.advance(kv, i, window)             // stores tile i+kStages's offsets into tile
-//                                             // i-1's slot, looks up tile i+kStages+kAhead
+//     ring.advance(kv, i, window)             // stores tile i+kStages's offsets, looks up
+//                                             // tile i+kStages+kAhead
 //
 // attention_wgmma refills one tile later (issue(i + kStages - 2), wait<kStages - 3>): its P V of
 // tile i - 1 still reads that stage while tile i is computed.
@@ -18,9 +18,9 @@
 // The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
 // decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
 //
-// Slot (i + kStages) % (kStages + 1) held tile i-1's offsets; their last reader (compute of tile
-// i-1) finished before tile i's barrier, and the next reader (issue at i+1) comes after the next
-// barrier, so one barrier per tile suffices. Rows that are unmapped or past `end` have offset -1:
+// kOffsetSlots >= kStages + 1, so the slot that advance(i) writes held a tile no older than
+// i - 1, whose last reader (compute of tile i - 1) finished before tile i's barrier; the next
+// reader (issue at i + 1) comes after the next barrier, so one barrier per tile suffices. Rows that are unmapped or past `end` have offset -1:
 // their copies zero-fill (src-size 0), so pool garbage never reaches shared memory.
 #pragma once
 
@@ -42,11 +42,20 @@ enum class TileLayout {
 // kRowElems: elements per shared row (the kernel's head-dim capacity).
 template <typename T, int kTile, int kRowElems, int kStages, int kThreads, TileLayout kLayout>
 struct KVRing {
-  static constexpr int kOffsetSlots = kStages + 1;
+  // At least kStages + 1 (see above); a power of two, so tile % kOffsetSlots is a mask.
+  static constexpr int kOffsetSlots = kStages < 4 ? 4 : 8;
+  static_assert(kStages + 1 <= kOffsetSlots, "offset slots for every live tile");
   static constexpr int kElemsPerChunk = 16 / int(sizeof(T));
   static constexpr int kChunks = kRowElems / kElemsPerChunk;  // 16-byte chunks per row
   static constexpr int kTileElems = kTile * kRowElems;
-  static_assert((kTile * kChunks) % kThreads == 0, "tile copies must split evenly");
+  // Copies: thread t always moves chunk t % kChunks, of rows t / kChunks + p * kCopyRows.
+  static_assert(kThreads % kChunks == 0 && kTile % (kThreads / kChunks) == 0,
+                "tile copies must split evenly, one chunk column per thread");
+  static constexpr int kCopyRows = kThreads / kChunks;  // rows per copy pass
+  static constexpr int kCopyPasses = kTile / kCopyRows;
+  static_assert(kLayout == TileLayout::kPlain || kCopyRows % 8 == 0,
+                "swizzled rows repeat every 8: a pass must keep the pattern");
+  static constexpr int kRowStride = kLayout == TileLayout::kSwizzle128 ? 64 : kRowElems;
   static_assert(kTile <= kThreads, "one thread per key resolves offsets");
   static constexpr size_t kRingBytes = 2 * size_t{kStages} * kTileElems * sizeof(T);
   static constexpr size_t kSmemBytes = kRingBytes + kOffsetSlots * kTile * sizeof(int64_t);
@@ -106,21 +115,23 @@ struct KVRing {
   }
 
   // Copies of `tile` into its stage as one cp.async group (an empty group past the last tile,
-  // so the wait counts stay uniform).
+  // so the wait counts stay uniform). Per copy: one offset load, one add, two cp.async.
   __device__ __forceinline__ void issue(int tile) const {
     if (tile < num_tiles) {
-      const int64_t* offs = tile_offsets(tile);
-      T* ks = k_ring + (tile % kStages) * kTileElems;
-      T* vs = v_ring + (tile % kStages) * kTileElems;
-#pragma unroll
-      for (int i = static_cast<int>(threadIdx.x); i < kTile * kChunks; i += kThreads) {
-        const int j = i / kChunks;
-        const int chunk = i % kChunks;
-        const int64_t off = offs[j];
-        const bool valid = off >= 0 && chunk * kElemsPerChunk < head_dim;
-        const int64_t src = valid ? off + chunk * kElemsPerChunk : 0;
-        cp_async_16(ks + position(j, chunk), k + src, valid);
-        cp_async_16(vs + position(j, chunk), v + src, valid);
+      const int row = static_cast<int>(threadIdx.x) / kChunks;
+      const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+      const int64_t* offs = tile_offsets(tile) + row;
+      const int stage = (tile % kStages) * kTileElems + position(row, chunk);
+      const int elem = chunk * kElemsPerChunk;  // past head_dim: zero-filled
+      // Not unrolled: the 128-row mma.sync prefill tile has no registers to spare.
+#pragma unroll 1
+      for (int pass = 0; pass < kCopyPasses; ++pass) {
+        const int64_t off = offs[pass * kCopyRows];
+        const bool valid = off >= 0 && elem < head_dim;
+        const int64_t src = valid ? off + elem : 0;
+        const int dst = stage + pass * kCopyRows * kRowStride;
+        cp_async_16(k_ring + dst, k + src, valid);
+        cp_async_16(v_ring + dst, v + src, valid);
       }
     }
     cp_async_commit();
@@ -166,7 +177,7 @@ struct KVRing {
 
 // Which offset slots hold a tile with an unmapped key in range (only those need the element
 // mask), agreed on by the whole CTA through the ring's barriers (__syncthreads_or).
-template <int kStages>
+template <int kStages, int kSlots>
 class UnmappedTiles {
  public:
   // The prologue barriers; `mine` is this thread's KVRing::start result.
@@ -179,7 +190,7 @@ class UnmappedTiles {
   // The barrier before tile i; it also collects the flags of tile i + kStages - 1, whose offsets
   // KVRing::advance stored at the end of iteration i - 1 (`stored` is its result).
   __device__ __forceinline__ void barrier(int i, bool stored) {
-    const uint32_t bit = 1u << ((i + kStages - 1) % (kStages + 1));
+    const uint32_t bit = 1u << ((i + kStages - 1) % kSlots);
     if (__syncthreads_or(stored)) {
       bits_ |= bit;
     } else if (i > 0) {
@@ -188,7 +199,7 @@ class UnmappedTiles {
   }
 
   __device__ __forceinline__ bool operator()(int tile) const {
-    return (bits_ >> (tile % (kStages + 1))) & 1u;
+    return (bits_ >> (tile % kSlots)) & 1u;
   }
 
  private:
