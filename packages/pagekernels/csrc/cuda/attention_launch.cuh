@@ -102,10 +102,17 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
+template <typename T, int kTile, int kStages, typename KV>
+KernelChoice<T, KV> wgmma_choice() {
+  using C = WgmmaConfig<T, 128, kTile, kStages>;
+  return {&attention_wgmma_kernel<T, 128, kTile, kStages, KV>, C::kThreads, C::kSmemBytes,
+          C::kRows, C::kTile};
+}
+
+// Stages: as many as 227 KB hold (197 KB at 128 keys, 164 KB at 64).
 template <typename T, typename KV>
-KernelChoice<T, KV> wgmma_kernel() {
-  using C = WgmmaConfig<T, 128, 4>;
-  return {&attention_wgmma_kernel<T, 128, 4, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
+KernelChoice<T, KV> wgmma_kernel(int key_tile) {
+  return key_tile == 128 ? wgmma_choice<T, 128, 3, KV>() : wgmma_choice<T, 64, 5, KV>();
 }
 
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
@@ -142,9 +149,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     if (tensor_cores) {
       const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
       // D = 64 stays on mma.sync: its wgmma variant went wrong past the first key tile.
+      const int wgmma_keys = prefill_wgmma_keys();
       const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
-                         prefill_wgmma() && is_sm90(enc);
-      choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);
+                         wgmma_keys > 0 && is_sm90(enc);
+      choice = wgmma ? wgmma_kernel<T, KV>(wgmma_keys) : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);

@@ -22,7 +22,7 @@
 
 namespace pagekernels::cuda {
 
-template <typename T, int kHeadDim, int kStagesArg>
+template <typename T, int kHeadDim, int kTileArg, int kStagesArg>
 struct WgmmaConfig {
   // D = 64 (one 64-column block, n = 64 for P V) gave wrong results past the first key tile on
   // the H200 and stays on attention_mma.
@@ -31,7 +31,8 @@ struct WgmmaConfig {
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kGroupRows = 64;  // the m of wgmma
   static constexpr int kRows = kGroupRows * kWarpGroups;
-  static constexpr int kTile = 64;  // keys per pipeline stage
+  static constexpr int kTile = kTileArg;  // keys per pipeline stage: the n of Q K^T
+  static_assert(kTile == 64 || kTile == 128, "n = 64 or 128");
   static constexpr int kStages = kStagesArg;
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   static constexpr int kAhead = 1;
@@ -43,24 +44,26 @@ struct WgmmaConfig {
   static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
   using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzle128>;
-  static constexpr size_t kQBytes = kRows * kHeadDim * sizeof(T);
+  // The Q tile borrows the last K stages: the prologue fills stages 0 .. kStages - 3 only, and
+  // Q is in registers before the loop's first refill.
+  static constexpr int kQStages = (kRows * kHeadDim * sizeof(T)) / kTileBytes;
+  static_assert(kQStages * kTileBytes == kRows * kHeadDim * sizeof(T) && kQStages <= 2,
+                "Q fits the K stages the prologue leaves empty");
   // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
-  static constexpr size_t kSmemBytes = kQBytes + Ring::kSmemBytes + kSwizzleAtomBytes;
-  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= kQBytes + Ring::kRingBytes,
-                "epilogue scratch reuses the Q tile and the K/V ring");
+  static constexpr size_t kSmemBytes = Ring::kSmemBytes + kSwizzleAtomBytes;
+  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= Ring::kRingBytes,
+                "epilogue scratch reuses the K/V ring");
 };
 
-template <typename T, int kHeadDim, int kStages, typename KV>
+template <typename T, int kHeadDim, int kTile, int kStages, typename KV>
 __global__ void __launch_bounds__(256, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
-  using C = WgmmaConfig<T, kHeadDim, kStages>;
-  constexpr int kTile = C::kTile;
+  using C = WgmmaConfig<T, kHeadDim, kTile, kStages>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) %
                             kSwizzleAtomBytes;
   unsigned char* smem = smem_raw + (misalign ? kSwizzleAtomBytes - misalign : 0);
-  T* q_tile = reinterpret_cast<T*>(smem);  // [kRows][kHeadDim], 128-byte swizzle
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -71,8 +74,9 @@ __global__ void __launch_bounds__(256, 1)
   const int row_begin = w.row_block * C::kRows;
   const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
   const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
-  const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
-                              range.end, kHeadDim);
+  const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
+                              kHeadDim);
+  T* q_tile = ring.k_ring + (kStages - C::kQStages) * kTile * kHeadDim;  // 128-byte swizzle
   const int unmasked_end = min(range.all_rows, range.end);
 
   // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this warpgroup
@@ -182,7 +186,9 @@ __global__ void __launch_bounds__(256, 1)
       softmax_scores(s, m, d, c, alpha);
       wgmma_wait<0>();
       fence_registers(o);
-      rescale_rows(o, alpha);
+      // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
+      // a row's first tiles.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
 #pragma unroll
       for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
       has_p = true;
@@ -200,7 +206,7 @@ __global__ void __launch_bounds__(256, 1)
     fence_registers(o);
   }
   cp_async_wait<0>();
-  __syncthreads();  // Q and the ring are free from here on
+  __syncthreads();  // the ring is free from here on
 
   float* scratch = reinterpret_cast<float*>(smem);  // [kRows][kOutStride]
   float* stats = scratch + C::kRows * C::kOutStride;  // [kRows][2]

@@ -47,34 +47,39 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], const int64_
 
 // One online-softmax step in the exp2 domain (c = scale * log2(e) > 0) for rows h = 0, 1:
 // updates the running max m and sum d, turns s into p = 2^(c s - m) and returns in alpha the
-// factor by which the rows' outputs must be rescaled (rescale_rows).
+// factor by which the rows' outputs must be rescaled (rescale_rows). The max and the sum run
+// as two independent chains: with two warps per scheduler (the wgmma kernel), a serial
+// chain of kBlocks dependent FMNMX / FADD costs more than the instructions themselves.
 template <int kBlocks>
 __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m)[2],
                                                float (&d)[2], float c, float (&alpha)[2]) {
+  static_assert(kBlocks % 2 == 0, "pairs of score blocks");
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float row_max = -INFINITY;
+    float partial_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
-      row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     }
-    row_max = group_max<4>(row_max);
+    const float row_max = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
     const float m_new = fmaxf(m[h], row_max * c);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
     alpha[h] = fast_exp2(m[h] - m_use);
     m[h] = m_new;
-    d[h] *= alpha[h];
+    float partial_sum[2] = {d[h] * alpha[h], 0.0f};
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
         s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
-        d[h] += s[n][e];
+        partial_sum[n % 2] += s[n][e];
       }
     }
+    d[h] = partial_sum[0] + partial_sum[1];
   }
 }
 
+// Multiplies the outputs of rows h = 0, 1 by alpha.
 template <int kOutBlocks>
 __device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
 #pragma unroll
