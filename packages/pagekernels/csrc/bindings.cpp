@@ -35,10 +35,10 @@ NB_MODULE(_ext, m) {
   m.def("set_decode_tensor_cores", &pagekernels::cuda::set_decode_tensor_cores, "enabled"_a,
         "Decode on tensor cores (float16/bfloat16, D = 64 or 128); False forces CUDA cores.");
   m.def("decode_tensor_cores", &pagekernels::cuda::decode_tensor_cores);
-  m.def("set_prefill_wgmma_keys", &pagekernels::cuda::set_prefill_wgmma_keys, "keys"_a,
-        "128-row prefill tiles on Hopper wgmma (sm_90) with key tiles of 64 or 128; 0 forces "
-        "the mma.sync kernel.");
-  m.def("prefill_wgmma_keys", &pagekernels::cuda::prefill_wgmma_keys);
+  m.def("set_prefill_wgmma", &pagekernels::cuda::set_prefill_wgmma, "enabled"_a,
+        "128-row prefill tiles on Hopper wgmma (sm_90, D = 128); False forces the mma.sync "
+        "kernel.");
+  m.def("prefill_wgmma", &pagekernels::cuda::prefill_wgmma);
 #else
   m.attr("with_cuda") = false;
 #endif

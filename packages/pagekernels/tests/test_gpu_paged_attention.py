@@ -177,7 +177,6 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
 
 @gpu_test
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("keys", [64, 128], ids=["keys64", "keys128"])
 @pytest.mark.parametrize(
     ("contexts", "L", "page_size", "causal"),
     [
@@ -189,20 +188,20 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
     ids=["L17_ps16_causal", "L40_ps1_causal", "L600_ps128_causal", "L100_ps16_full"],
 )
 def test_wgmma_prefill_matches_mma_prefill(
-    make_paged, assert_close, poison_allocator, dtype, keys, contexts, L, page_size, causal
+    make_paged, assert_close, poison_allocator, dtype, contexts, L, page_size, causal
 ):
-    """128-row prefill tiles at D = 128: the Hopper wgmma kernel (both key tiles) and the mma.sync
-    kernel match the reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or
+    """128-row prefill tiles at D = 128: the Hopper wgmma kernel and the mma.sync kernel match the
+    reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or
     wholly empty)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
-        page_size=page_size, dtype=dtype, seed=L + keys,
+        page_size=page_size, dtype=dtype, seed=L,
     )  # fmt: skip
     mask = "causal" if causal else None
     expected = cpu_reference(case, mask=mask)
-    for knob in (keys, 0):
+    for wgmma in (True, False):
         poison_allocator(case.queries.shape, dtype)
-        with tuning(prefill_wgmma_keys=knob):
+        with tuning(prefill_wgmma=wgmma):
             assert_close(run_gpu(case, mask=mask), expected)
 
 
@@ -260,13 +259,11 @@ def test_new_metadata_values_with_the_same_shapes(make_paged, assert_close, L):
 def test_tuning_knobs_validate_and_restore():
     with pytest.raises(ValueError, match="split count"):
         _ext.set_decode_num_splits(-1)
-    with pytest.raises(ValueError, match="key tile"):
-        _ext.set_prefill_wgmma_keys(32)
     knobs = {"decode_num_splits": 3, "prefill_num_splits": 2, "decode_tensor_cores": False,
-             "prefill_wgmma_keys": 128}  # fmt: skip
+             "prefill_wgmma": False}  # fmt: skip
     with tuning(**knobs):
         assert {name: getattr(_ext, name)() for name in knobs} == knobs
     assert _ext.decode_num_splits() == 0
     assert _ext.prefill_num_splits() == 0
     assert _ext.decode_tensor_cores() is True
-    assert _ext.prefill_wgmma_keys() == 64
+    assert _ext.prefill_wgmma() is True

@@ -12,7 +12,7 @@ namespace {
 std::atomic<int> g_decode_splits{0};
 std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
-std::atomic<int> g_prefill_wgmma_keys{64};
+std::atomic<bool> g_prefill_wgmma{true};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -42,15 +42,8 @@ void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
 
-void set_prefill_wgmma_keys(int keys) {
-  if (keys != 0 && keys != 64 && keys != 128) {
-    throw std::invalid_argument(
-        "[set_prefill_wgmma_keys] key tile must be 0 (off), 64 or 128, got " +
-        std::to_string(keys));
-  }
-  g_prefill_wgmma_keys = keys;
-}
+void set_prefill_wgmma(bool enabled) { g_prefill_wgmma = enabled; }
 
-int prefill_wgmma_keys() { return g_prefill_wgmma_keys; }
+bool prefill_wgmma() { return g_prefill_wgmma; }
 
 }  // namespace pagekernels::cuda

@@ -19,9 +19,8 @@ void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
 
 // Prefill tiles of 128 packed rows on Hopper warpgroup MMA (wgmma, sm_90 devices, float16/
-// bfloat16, D = 128), streaming keys in tiles of this many keys: 64 or 128; 0 forces the
-// mma.sync kernel. Throws std::invalid_argument for other values. Default 64.
-void set_prefill_wgmma_keys(int keys);
-int prefill_wgmma_keys();
+// bfloat16, D = 128); false forces the mma.sync kernel. Default true.
+void set_prefill_wgmma(bool enabled);
+bool prefill_wgmma();
 
 }  // namespace pagekernels::cuda
