@@ -1,17 +1,20 @@
 // Hopper prefill kernel (wgmma, sm_90a) for float16 and bfloat16 at D = 128: the prefill
 // schedule's 128-row tiles (L * G > 64 packed rows), where mma.sync reached ~250 TFLOP/s.
 //
-// CTA = 2 warpgroups x 64 packed query rows, sharing one cp.async ring of 64-key K/V tiles
+// CTA = 2 warpgroups x 64 packed query rows, sharing one cp.async ring of 128-key K/V tiles
 // (kv_ring.cuh, stored with the 128-byte swizzle that wgmma descriptors read). Q is loaded once
 // into registers as A fragments. Per warpgroup, in FlashAttention-3's intra-warpgroup order:
-//   iteration j:  S_j = Q K_j^T         wgmma m64n64k16, A = Q (registers), B = K tile (K-major)
+//   iteration j:  S_j = Q K_j^T         wgmma m64n128k16, A = Q (registers), B = K tile (K-major)
 //                 O += P_{j-1} V_{j-1}  wgmma m64n128k16, A = P (registers), B = V tile read
 //                                       MN-major (transpose-B), so V needs no transposed copy
 //                 wait for S_j; mask (only tiles crossing a row's causal limit, the chunk end
 //                 or an unmapped page) and online softmax of S_j while P V runs on the tensor
 //                 cores; wait for P V; rescale O by the new row maxima; P_j = S_j as bf16/f16
 // A warpgroup whose rows end before a tile (causal) skips its math but keeps the barriers. The
-// ring refills a stage two tiles after its keys were used, once P V has read its values.
+// ring refills a stage two tiles after its keys were used, once P V has read its values. The
+// async register protocol: wgmma_fence before an MMA batch, fence_registers on every register
+// array an in-flight wgmma reads or writes (S, O, P) after its wait, so the compiler moves no
+// access across it.
 #pragma once
 
 #include "cuda/attention_common.cuh"
@@ -32,7 +35,8 @@ struct WgmmaConfig {
   static constexpr int kGroupRows = 64;  // the m of wgmma
   static constexpr int kRows = kGroupRows * kWarpGroups;
   static constexpr int kTile = kTileArg;  // keys per pipeline stage: the n of Q K^T
-  static_assert(kTile == 64 || kTile == 128, "n = 64 or 128");
+  // 64-key tiles measured 1.14x slower at L = 4096 (docs/performance.md, session 6).
+  static_assert(kTile == 128, "n = 128");
   static constexpr int kStages = kStagesArg;
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   static constexpr int kAhead = 1;
@@ -144,11 +148,11 @@ __global__ void __launch_bounds__(256, 1)
   // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
   auto issue_pv = [&](int tile) {
     fence_registers(o);
+    fence_registers(pf);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < C::kKeySteps; ++kb) {
-      wgmma_rs<T, kHeadDim, 1>(o, pf[kb], v_desc + stage_offset(tile) + ((kb * 16 * 128) >> 4),
-                               1);
+      wgmma_rs<T, 1>(o, pf[kb], v_desc + stage_offset(tile) + ((kb * 16 * 128) >> 4), 1);
     }
     wgmma_commit();
   };
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
       for (int ds = 0; ds < C::kDimSteps; ++ds) {
         const uint32_t offset = (ds / 4) * kTile * 128 + (ds % 4) * 32;
-        wgmma_rs<T, kTile, 0>(s, qf[ds], k_desc + stage_offset(i) + (offset >> 4), ds > 0);
+        wgmma_rs<T, 0>(s, qf[ds], k_desc + stage_offset(i) + (offset >> 4), ds > 0);
       }
       wgmma_commit();
       if (has_p) {
@@ -186,6 +190,7 @@ __global__ void __launch_bounds__(256, 1)
       softmax_scores(s, m, d, c, alpha);
       wgmma_wait<0>();
       fence_registers(o);
+      fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
       // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
       // a row's first tiles.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);

@@ -18,10 +18,11 @@
 // The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
 // decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
 //
-// kOffsetSlots >= kStages + 1, so the slot that advance(i) writes held a tile no older than
+// kOffsetSlots >= kStages + 1, so the slot that advance(i) writes held a tile no newer than
 // i - 1, whose last reader (compute of tile i - 1) finished before tile i's barrier; the next
-// reader (issue at i + 1) comes after the next barrier, so one barrier per tile suffices. Rows that are unmapped or past `end` have offset -1:
-// their copies zero-fill (src-size 0), so pool garbage never reaches shared memory.
+// reader (issue at i + 1) comes after the next barrier, so one barrier per tile suffices. Rows
+// that are unmapped or past `end` have offset -1: their copies zero-fill (src-size 0), so pool
+// garbage never reaches shared memory.
 #pragma once
 
 #include <cstdint>

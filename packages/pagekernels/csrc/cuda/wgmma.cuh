@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel of attention_wgmma.cuh: shared
 // memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and the
-// register-A form (A from registers, B from shared memory) at n = 64 and 128.
+// register-A form (A from registers, B from shared memory) at n = 128.
 //
 // Layout of every shared operand (K and V tiles): 64-element column blocks of [rows][64]
 // elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8) (CUTLASS's
@@ -50,6 +50,7 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -62,6 +63,15 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+#else
+// The compute_90 PTX (later GPUs) has no wgmma; the launcher never picks a wgmma kernel there.
+__device__ __forceinline__ void wgmma_fence() { __trap(); }
+__device__ __forceinline__ void wgmma_commit() { __trap(); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  __trap();
+}
+#endif
 
 // The compiler does not know that wgmma writes its accumulators asynchronously: this pins every
 // read and write of `acc` after the preceding wgmma_wait (and before the next wgmma).
@@ -74,21 +84,15 @@ __device__ __forceinline__ void fence_registers(float (&acc)[N][4]) {
   }
 }
 
-// m64n64k16: 32 fp32 accumulators per thread; operands %32..%35 = A, %36 = B
-// descriptor, %37 = scale-d, %38 = transpose-B.
-#define PAGEKERNELS_WGMMA_RS_64(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+// Same for register A fragments, which an in-flight wgmma reads.
+template <int N>
+__device__ __forceinline__ void fence_registers(uint32_t (&frag)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
+  }
+}
 
 // m64n128k16: 64 fp32 accumulators per thread; operands %64..%67 = A, %68 = B
 // descriptor, %69 = scale-d, %70 = transpose-B.
@@ -114,33 +118,23 @@ __device__ __forceinline__ void fence_registers(float (&acc)[N][4]) {
         "+f"(d[62]), "+f"(d[63]) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
 
-// acc (64 x kN, fp32) = (scale_d ? acc : 0) + A (64 x 16, registers) * B (16 x kN, shared);
+// acc (64 x 128, fp32) = (scale_d ? acc : 0) + A (64 x 16, registers) * B (16 x 128, shared);
 // kTransB = 0 for K-major B, 1 for MN-major B. Asynchronous: see wgmma_commit / wgmma_wait.
-template <typename T, int kN, int kTransB>
-__device__ __forceinline__ void wgmma_rs(float (&acc)[kN / 8][4], const uint32_t (&a)[4],
+template <typename T, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&acc)[16][4], const uint32_t (&a)[4],
                                          uint64_t desc_b, int scale_d) {
-  static_assert(kN == 64 || kN == 128, "n = 64 or 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  float(&d)[kN / 2] = reinterpret_cast<float(&)[kN / 2]>(acc);
-  if constexpr (kN == 64) {
-    if constexpr (std::is_same_v<T, __half>) {
-      PAGEKERNELS_WGMMA_RS_64("f16");
-    } else {
-      PAGEKERNELS_WGMMA_RS_64("bf16");
-    }
+  float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+  if constexpr (std::is_same_v<T, __half>) {
+    PAGEKERNELS_WGMMA_RS_128("f16");
   } else {
-    if constexpr (std::is_same_v<T, __half>) {
-      PAGEKERNELS_WGMMA_RS_128("f16");
-    } else {
-      PAGEKERNELS_WGMMA_RS_128("bf16");
-    }
+    PAGEKERNELS_WGMMA_RS_128("bf16");
   }
 #else
-  __trap();  // the host launches wgmma kernels only on sm_90 devices, built for sm_90a
+  __trap();  // compute_90 PTX: see wgmma_fence
 #endif
 }
 
-#undef PAGEKERNELS_WGMMA_RS_64
 #undef PAGEKERNELS_WGMMA_RS_128
 
 }  // namespace pagekernels::cuda
