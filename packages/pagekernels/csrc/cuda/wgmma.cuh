@@ -73,24 +73,20 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 #endif
 
-// The compiler does not know that wgmma writes its accumulators asynchronously: this pins every
-// read and write of `acc` after the preceding wgmma_wait (and before the next wgmma).
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&acc)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
-  }
+// The compiler does not know that wgmma reads its A registers and writes its accumulators
+// asynchronously: fence_registers pins every access to an array after the preceding wgmma_wait
+// (and before the next wgmma).
+__device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_register(uint32_t& r) {
+  asm volatile("" : "+r"(r)::"memory");
 }
 
-// Same for register A fragments, which an in-flight wgmma reads.
-template <int N>
-__device__ __forceinline__ void fence_registers(uint32_t (&frag)[N][4]) {
+template <typename R, int N>
+__device__ __forceinline__ void fence_registers(R (&regs)[N][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(frag[i][e])::"memory");
+    for (int e = 0; e < 4; ++e) fence_register(regs[i][e]);
   }
 }
 
