@@ -77,6 +77,33 @@ __device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_
   return {begin, end, row_key_limit(first_l, p.query_len, num_keys, p.causal)};
 }
 
+// What one CTA works on: its work item, its request's key count, its packed rows
+// [row_begin, row_end) (a block of rows_per_cta) and the keys it visits.
+struct CtaRows {
+  WorkItem w;
+  int num_keys;
+  int row_begin;
+  int row_end;
+  KeyRange range;
+
+  // Exclusive key bound of packed row r inside this CTA's key chunk; 0 for rows past the block.
+  template <typename P>
+  __device__ __forceinline__ int limit(const P& p, int r) const {
+    return r < row_end
+               ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal), range.end)
+               : 0;
+  }
+};
+
+template <typename P>
+__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta) {
+  const WorkItem w = work_item(p);
+  const int num_keys = p.kv.num_keys(w.b);
+  const int row_begin = w.row_block * rows_per_cta;
+  const int row_end = min(row_begin + rows_per_cta, p.query_len * p.group);
+  return {w, num_keys, row_begin, row_end, key_range(p, num_keys, row_begin, row_end, w.split)};
+}
+
 // Element offset of (b, query head of packed row r, position of r, 0) in q / out.
 template <typename P>
 __device__ __forceinline__ int64_t q_row_offset(const P& p, int b, int kv_head, int r) {

@@ -39,7 +39,6 @@ struct MmaConfig {
   static_assert(kPassKeys % 16 == 0, "passes take whole 16-key blocks");
   static constexpr int kKeyBlocks = kPassKeys / 16;
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T, n16 blocks of P V
-  static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
   using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzleRow>;
   static constexpr size_t kQBytes = kRows * kHeadDim * sizeof(T);
@@ -63,11 +62,8 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   const int lane = tid % 32;
   const int warp_q = (tid / 32) % kWarpsQ;
   const int warp_kv = (tid / 32) / kWarpsQ;
-  const WorkItem w = work_item(p);
-  const int num_keys = p.kv.num_keys(w.b);
-  const int row_begin = w.row_block * C::kRows;
-  const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
-  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
+  const CtaRows cta = cta_rows(p, C::kRows);
+  const auto& [w, num_keys, row_begin, row_end, range] = cta;
   const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
                               range.end, kHeadDim);
   const int unmasked_end = min(range.all_rows, range.end);
@@ -79,24 +75,13 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = row_begin + warp_row0 + mt * 16 + lane / 4 + 8 * h;
-      limit[mt][h] = r < row_end ? min(row_key_limit(r / p.group, p.query_len, num_keys,
-                                                     p.causal),
-                                       range.end)
-                                 : 0;
+      limit[mt][h] = cta.limit(p, row_begin + warp_row0 + mt * 16 + lane / 4 + 8 * h);
     }
   }
 
-  // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
-  for (int i = tid; i < C::kRows * C::kChunks; i += C::kThreads) {
-    const int row = i / C::kChunks;
-    const int chunk = i % C::kChunks;
-    const int r = row_begin + row;
-    const bool valid = r < row_end;
-    const T* src = valid ? p.q + q_row_offset(p, w.b, w.kv_head, r) + chunk * 8 : p.q;
-    cp_async_16(q_tile + C::Ring::position(row, chunk), src, valid);
-  }
-  cp_async_commit();
+  // Q tile in its own cp.async group, ahead of every K/V group.
+  load_q_tile<C::kRows, kHeadDim, C::kThreads>(
+      p, cta, q_tile, [](int row, int chunk) { return C::Ring::position(row, chunk); });
 
   KVRow window[C::kAhead];
   UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;

@@ -55,20 +55,15 @@ __global__ void __launch_bounds__(128)
   const int tx = tid % C::kLanes;
   const int ty = (tid / C::kLanes) % C::kRows;
   const int tz = tid / (C::kLanes * C::kRows);
-  const WorkItem w = work_item(p);
-  const int num_keys = p.kv.num_keys(w.b);
-  const int row_begin = w.row_block * C::kRows;
-  const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
-  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
+  const CtaRows cta = cta_rows(p, C::kRows);
+  const auto& [w, num_keys, row_begin, row_end, range] = cta;
   const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
                               p.head_dim);
   const int r = row_begin + ty;
   const bool row_valid = r < row_end;
   const int d0 = tx * kVec;
   const bool dims_valid = d0 < p.head_dim;
-  const int limit = row_valid ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal),
-                                    range.end)
-                              : 0;
+  const int limit = cta.limit(p, r);
 
   // Queries in fp32, pre-scaled by scale * log2(e) (never rounded back to T).
   float q[kVec] = {};

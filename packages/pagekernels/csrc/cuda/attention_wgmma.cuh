@@ -45,7 +45,6 @@ struct WgmmaConfig {
   static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
   static constexpr int kScoreBlocks = kTile / 8;
   static constexpr int kOutBlocks = kHeadDim / 8;
-  static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
   using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzle128>;
   // The Q tile borrows the last K stages: the prologue fills stages 0 .. kStages - 3 only, and
@@ -73,11 +72,8 @@ __global__ void __launch_bounds__(256, 1)
   const int lane = tid % 32;
   const int group_row0 = (tid / 128) * C::kGroupRows;      // this warpgroup's first row
   const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
-  const WorkItem w = work_item(p);
-  const int num_keys = p.kv.num_keys(w.b);
-  const int row_begin = w.row_block * C::kRows;
-  const int row_end = min(row_begin + C::kRows, p.query_len * p.group);
-  const KeyRange range = key_range(p, num_keys, row_begin, row_end, w.split);
+  const CtaRows cta = cta_rows(p, C::kRows);
+  const auto& [w, num_keys, row_begin, row_end, range] = cta;
   const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
                               kHeadDim);
   T* q_tile = ring.k_ring + (kStages - C::kQStages) * kTile * kHeadDim;  // 128-byte swizzle
@@ -87,28 +83,14 @@ __global__ void __launch_bounds__(256, 1)
   // needs at all (its last row's limit).
   int limit[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_begin + warp_row0 + lane / 4 + 8 * h;
-    limit[h] = r < row_end
-                   ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal), range.end)
-                   : 0;
-  }
+  for (int h = 0; h < 2; ++h) limit[h] = cta.limit(p, row_begin + warp_row0 + lane / 4 + 8 * h);
   const int group_last = min(row_begin + group_row0 + C::kGroupRows, row_end) - 1;
-  const int group_end =
-      group_last >= row_begin + group_row0
-          ? min(row_key_limit(group_last / p.group, p.query_len, num_keys, p.causal), range.end)
-          : 0;
+  const int group_end = group_last >= row_begin + group_row0 ? cta.limit(p, group_last) : 0;
 
-  // Q tile (zero rows past the block) in its own cp.async group, ahead of every K/V group.
-  for (int i = tid; i < C::kRows * C::kChunks; i += C::kThreads) {
-    const int row = i / C::kChunks;
-    const int chunk = i % C::kChunks;
-    const int r = row_begin + row;
-    const bool valid = r < row_end;
-    const T* src = valid ? p.q + q_row_offset(p, w.b, w.kv_head, r) + chunk * 8 : p.q;
-    cp_async_16(q_tile + swizzle128_position<C::kRows>(row, chunk), src, valid);
-  }
-  cp_async_commit();
+  // Q tile in its own cp.async group, ahead of every K/V group.
+  load_q_tile<C::kRows, kHeadDim, C::kThreads>(p, cta, q_tile, [](int row, int chunk) {
+    return swizzle128_position<C::kRows>(row, chunk);
+  });
 
   KVRow window[C::kAhead];
   UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;

@@ -30,6 +30,23 @@ __device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scal
   }
 }
 
+// Copies the CTA's kRows packed query rows (zero rows past row_end) into q_tile as one
+// cp.async group; position(row, chunk) is where 16-byte chunk `chunk` of a row goes.
+template <int kRows, int kHeadDim, int kThreads, typename T, typename P, typename Position>
+__device__ __forceinline__ void load_q_tile(const P& p, const CtaRows& cta, T* q_tile,
+                                            Position position) {
+  constexpr int kChunks = kHeadDim / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * kChunks; i += kThreads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const int r = cta.row_begin + row;
+    const bool valid = r < cta.row_end;
+    const T* src = valid ? p.q + q_row_offset(p, cta.w.b, cta.w.kv_head, r) + chunk * 8 : p.q;
+    cp_async_16(q_tile + position(row, chunk), src, valid);
+  }
+  cp_async_commit();
+}
+
 // Masks the scores of keys key0 + [0, 8 * kBlocks) of a tile starting at key t0: a key drops out
 // when its page is unmapped (offset < 0) or it is at or past its row's limit.
 template <int kBlocks>
