@@ -96,10 +96,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="force the CUDA decode attention into this many key chunks (0: the planner's)",
     )
     parser.add_argument(
-        "--prefill-wgmma",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA prefill tiles of 128 rows on Hopper wgmma (--no-prefill-wgmma: mma.sync)",
+        "--prefill-kernel",
+        choices=["auto", "mma_sync", "wgmma", "wgmma_ws"],
+        default="auto",
+        help="CUDA kernel of 128-row prefill tiles (wgmma*: Hopper only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cooldown-seconds", type=float, default=0.0)
@@ -159,7 +159,7 @@ def _worker_config(args: argparse.Namespace, path: str, seed: int) -> WorkerConf
         cache_bytes=int(args.cache_mb * 1e6),
         reuse_factor=args.reuse_factor,
         decode_splits=args.decode_splits,
-        prefill_wgmma=args.prefill_wgmma,
+        prefill_kernel=args.prefill_kernel,
     )
 
 

@@ -48,7 +48,7 @@ class WorkerConfig:
     cache_bytes: int
     reuse_factor: int
     decode_splits: int = 0  # CUDA decode key chunks (0 = the planner's choice)
-    prefill_wgmma: bool = True  # CUDA 128-row prefill tiles on wgmma (False: mma.sync)
+    prefill_kernel: str = "auto"  # CUDA kernel of 128-row prefill tiles (tuning.h)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "cells": [c.to_dict() for c in self.cells]})
@@ -182,16 +182,16 @@ def run_worker(cfg: WorkerConfig) -> int:
 
     mx.set_default_device(mx.gpu if cfg.device == "gpu" else mx.cpu)
     backend, reference = get_backend(cfg.backend), get_backend(cfg.reference)
-    if cfg.decode_splits or not cfg.prefill_wgmma:
+    if cfg.decode_splits or cfg.prefill_kernel != "auto":
         from pagekernels import _ext
 
         if not getattr(_ext, "with_cuda", False):
             raise SystemExit(
-                "--decode-splits and --no-prefill-wgmma need pagekernels built with "
+                "--decode-splits and --prefill-kernel need pagekernels built with "
                 "PAGEKERNELS_CUDA=1"
             )
         _ext.set_decode_num_splits(cfg.decode_splits)
-        _ext.set_prefill_wgmma(cfg.prefill_wgmma)
+        _ext.set_prefill_kernel(cfg.prefill_kernel)
     cell_runner = _write_cell if cfg.path == "write" else _attention_cell
     for shape in cfg.cells:
         start = time.perf_counter()

@@ -35,10 +35,10 @@ NB_MODULE(_ext, m) {
   m.def("set_decode_tensor_cores", &pagekernels::cuda::set_decode_tensor_cores, "enabled"_a,
         "Decode on tensor cores (float16/bfloat16, D = 64 or 128); False forces CUDA cores.");
   m.def("decode_tensor_cores", &pagekernels::cuda::decode_tensor_cores);
-  m.def("set_prefill_wgmma", &pagekernels::cuda::set_prefill_wgmma, "enabled"_a,
-        "128-row prefill tiles on Hopper wgmma (sm_90, D = 128); False forces the mma.sync "
-        "kernel.");
-  m.def("prefill_wgmma", &pagekernels::cuda::prefill_wgmma);
+  m.def("set_prefill_kernel", &pagekernels::cuda::set_prefill_kernel, "name"_a,
+        "Kernel of the 128-row prefill tiles (16-bit, D = 128): 'auto', 'mma_sync', 'wgmma' or "
+        "'wgmma_ws' (the wgmma kernels on sm_90 only).");
+  m.def("prefill_kernel", &pagekernels::cuda::prefill_kernel_name);
 #else
   m.attr("with_cuda") = false;
 #endif

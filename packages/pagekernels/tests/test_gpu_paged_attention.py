@@ -28,7 +28,7 @@ def gpu_test(test: Callable) -> Callable | None:
 
 
 @contextlib.contextmanager
-def tuning(**knobs: int | bool) -> Iterator[None]:
+def tuning(**knobs: int | bool | str) -> Iterator[None]:
     """Sets the CUDA kernel knobs of csrc/cuda/tuning.h (`_ext.set_<name>`) inside the block."""
     saved = {name: getattr(_ext, name)() for name in knobs}
     try:
@@ -187,11 +187,11 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
     ],
     ids=["L17_ps16_causal", "L40_ps1_causal", "L600_ps128_causal", "L100_ps16_full"],
 )
-def test_wgmma_prefill_matches_mma_prefill(
+def test_prefill128_kernels_match_reference(
     make_paged, assert_close, poison_allocator, dtype, contexts, L, page_size, causal
 ):
-    """128-row prefill tiles at D = 128: the Hopper wgmma kernel and the mma.sync kernel match the
-    reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or
+    """128-row prefill tiles at D = 128: each kernel (warp-specialised wgmma, lockstep wgmma,
+    mma.sync) matches the reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or
     wholly empty)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
@@ -199,9 +199,9 @@ def test_wgmma_prefill_matches_mma_prefill(
     )  # fmt: skip
     mask = "causal" if causal else None
     expected = cpu_reference(case, mask=mask)
-    for wgmma in (True, False):
+    for kernel in ("wgmma_ws", "wgmma", "mma_sync"):
         poison_allocator(case.queries.shape, dtype)
-        with tuning(prefill_wgmma=wgmma):
+        with tuning(prefill_kernel=kernel):
             assert_close(run_gpu(case, mask=mask), expected)
 
 
@@ -259,11 +259,13 @@ def test_new_metadata_values_with_the_same_shapes(make_paged, assert_close, L):
 def test_tuning_knobs_validate_and_restore():
     with pytest.raises(ValueError, match="split count"):
         _ext.set_decode_num_splits(-1)
+    with pytest.raises(ValueError, match="expected one of auto, mma_sync, wgmma, wgmma_ws"):
+        _ext.set_prefill_kernel("flash")
     knobs = {"decode_num_splits": 3, "prefill_num_splits": 2, "decode_tensor_cores": False,
-             "prefill_wgmma": False}  # fmt: skip
+             "prefill_kernel": "mma_sync"}  # fmt: skip
     with tuning(**knobs):
         assert {name: getattr(_ext, name)() for name in knobs} == knobs
     assert _ext.decode_num_splits() == 0
     assert _ext.prefill_num_splits() == 0
     assert _ext.decode_tensor_cores() is True
-    assert _ext.prefill_wgmma() is True
+    assert _ext.prefill_kernel() == "auto"

@@ -14,6 +14,7 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/attention_simt.cuh"
 #include "cuda/attention_wgmma.cuh"
+#include "cuda/attention_wgmma_ws.cuh"
 #include "cuda/launch_utils.cuh"
 #include "cuda/merge_splits.cuh"
 #include "cuda/split_plan.h"
@@ -111,6 +112,22 @@ KernelChoice<T, KV> wgmma_kernel() {
           C::kTile};
 }
 
+template <typename T, typename KV>
+KernelChoice<T, KV> wgmma_ws_kernel() {
+  using C = WgmmaWsConfig<T, 3>;
+  return {&attention_wgmma_ws_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
+}
+
+// The kernel of a 128-row prefill tile at D = 128 (tuning.h's prefill_kernel knob).
+template <typename T, typename KV>
+KernelChoice<T, KV> prefill128_kernel(Encoder& enc) {
+  const PrefillKernel kind = prefill_kernel();
+  if (kind == PrefillKernel::kMmaSync || !is_sm90(enc)) {
+    return mma_choice_for<T, 128, KV>(MmaLayout::kPrefill128);
+  }
+  return kind == PrefillKernel::kWgmma ? wgmma_kernel<T, KV>() : wgmma_ws_kernel<T, KV>();
+}
+
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
 // rows at L = 1024 and 4096 on the H200); 64-row tiles waste less on short chunks.
 inline MmaLayout prefill_layout(int rows) {
@@ -145,9 +162,9 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     if (tensor_cores) {
       const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
       // D = 64 stays on mma.sync: its wgmma variant went wrong past the first key tile.
-      const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
-                         prefill_wgmma() && is_sm90(enc);
-      choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);
+      choice = layout == MmaLayout::kPrefill128 && s.head_dim == 128
+                   ? prefill128_kernel<T, KV>(enc)
+                   : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);

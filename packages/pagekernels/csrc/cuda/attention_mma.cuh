@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   if (p.scale_log2 <= 0.0f) {
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    fold_scale_sign(q_tile, C::kRows * kHeadDim, p.scale_log2);
+    fold_scale_sign<C::kThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
   }
 
   float o[kMTiles][kHeadDim / 8][4] = {};
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
       if (masked) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mask_scores(s[mt], ring.tile_offsets(i), key0, t0, limit[mt], lane);
+          mask_scores(s[mt], ring.mapped(i), key0, t0, limit[mt], lane);
         }
       }
 #pragma unroll

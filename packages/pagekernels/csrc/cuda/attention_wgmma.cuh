@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(256, 1)
   cp_async_wait<kStages - 2>();  // the Q group
   __syncthreads();
   if (p.scale_log2 <= 0.0f) {
-    fold_scale_sign(q_tile, C::kRows * kHeadDim, p.scale_log2);
+    fold_scale_sign<C::kThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
     __syncthreads();
   }
   uint32_t qf[C::kDimSteps][4];  // this warp's 16 rows of Q as A fragments
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(256, 1)
       fence_registers(s);
 
       if (t0 + kTile > unmasked_end || unmapped(i)) {
-        mask_scores(s, ring.tile_offsets(i), 0, t0, limit, lane);
+        mask_scores(s, ring.mapped(i), 0, t0, limit, lane);
       }
       float alpha[2];
       softmax_scores(s, m, d, c, alpha);

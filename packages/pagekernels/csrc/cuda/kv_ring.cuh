@@ -8,7 +8,7 @@
 //   for each tile i:
 //     cp_async_wait<kStages - 2>(); barrier   // tile i has landed
 //     ring.issue(i + kStages - 1)             // refills tile i-1's stage
-//     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.tile_offsets(i) for masks)
+//     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.mapped(i) for masks)
 //     ring.advance(kv, i, window)             // stores tile i+kStages's offsets, looks up
 //                                             // tile i+kStages+kAhead
 //
@@ -172,6 +172,11 @@ struct KVRing {
   }
   __device__ __forceinline__ const int64_t* tile_offsets(int tile) const {
     return offsets + (tile % kOffsetSlots) * kTile;
+  }
+  // Whether key j of `tile` (counted from its first key) has a page, for mask_scores.
+  __device__ __forceinline__ auto mapped(int tile) const {
+    const int64_t* offs = tile_offsets(tile);
+    return [offs](int j) { return offs[j] >= 0; };
   }
   __device__ __forceinline__ int first_key(int tile) const { return begin + tile * kTile; }
 };

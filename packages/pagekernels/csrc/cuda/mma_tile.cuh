@@ -19,13 +19,13 @@ __device__ __forceinline__ float positive_scale(float scale_log2) {
 }
 
 // Folds the sign of a scale <= 0 into a 16-bit Q tile of `elems` elements in shared memory
-// (the whole CTA calls it; the caller puts barriers around it).
-template <typename T>
+// (threads 0 .. kThreads - 1 call it; the caller puts barriers around it).
+template <int kThreads, typename T>
 __device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scale_log2) {
   const uint32_t flip = scale_log2 < 0.0f ? 0x80008000u : 0u;
   const uint32_t keep = scale_log2 < 0.0f ? 0xffffffffu : 0u;
   uint32_t* words = reinterpret_cast<uint32_t*>(q_tile);
-  for (int i = static_cast<int>(threadIdx.x); i < elems / 2; i += static_cast<int>(blockDim.x)) {
+  for (int i = static_cast<int>(threadIdx.x); i < elems / 2; i += kThreads) {
     words[i] = (words[i] ^ flip) & keep;
   }
 }
@@ -48,16 +48,17 @@ __device__ __forceinline__ void load_q_tile(const P& p, const CtaRows& cta, T* q
 }
 
 // Masks the scores of keys key0 + [0, 8 * kBlocks) of a tile starting at key t0: a key drops out
-// when its page is unmapped (offset < 0) or it is at or past its row's limit.
-template <int kBlocks>
-__device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], const int64_t* offsets,
-                                            int key0, int t0, const int (&limit)[2], int lane) {
+// when its page is unmapped (mapped(key) is false, key counted from t0) or it is at or past its
+// row's limit.
+template <int kBlocks, typename Mapped>
+__device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mapped, int key0,
+                                            int t0, const int (&limit)[2], int lane) {
 #pragma unroll
   for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
-      if (!(offsets[key] >= 0 && t0 + key < limit[e / 2])) s[n][e] = -INFINITY;
+      if (!(mapped(key) && t0 + key < limit[e / 2])) s[n][e] = -INFINITY;
     }
   }
 }

@@ -12,7 +12,9 @@ namespace {
 std::atomic<int> g_decode_splits{0};
 std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
-std::atomic<bool> g_prefill_wgmma{true};
+std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::kAuto};
+
+constexpr const char* kPrefillKernelNames[] = {"auto", "mma_sync", "wgmma", "wgmma_ws"};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -42,8 +44,19 @@ void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
 
-void set_prefill_wgmma(bool enabled) { g_prefill_wgmma = enabled; }
+void set_prefill_kernel(const std::string& name) {
+  for (int i = 0; i < 4; ++i) {
+    if (name == kPrefillKernelNames[i]) {
+      g_prefill_kernel = static_cast<PrefillKernel>(i);
+      return;
+    }
+  }
+  throw std::invalid_argument("[set_prefill_kernel] expected one of auto, mma_sync, wgmma, "
+                              "wgmma_ws, got '" + name + "'");
+}
 
-bool prefill_wgmma() { return g_prefill_wgmma; }
+std::string prefill_kernel_name() { return kPrefillKernelNames[static_cast<int>(g_prefill_kernel.load())]; }
+
+PrefillKernel prefill_kernel() { return g_prefill_kernel; }
 
 }  // namespace pagekernels::cuda

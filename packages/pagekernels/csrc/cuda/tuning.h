@@ -2,6 +2,8 @@
 // Plain C++ so bindings.cpp can include it; defined in tuning.cu. Defaults are production values.
 #pragma once
 
+#include <string>
+
 namespace pagekernels::cuda {
 
 // Split-K chunks of the decode schedule (L <= 8): 0 = automatic (split_plan.h), n > 0 = n
@@ -18,9 +20,15 @@ int prefill_num_splits();
 void set_decode_tensor_cores(bool enabled);
 bool decode_tensor_cores();
 
-// Prefill tiles of 128 packed rows on Hopper warpgroup MMA (wgmma, sm_90 devices, float16/
-// bfloat16, D = 128); false forces the mma.sync kernel. Default true.
-void set_prefill_wgmma(bool enabled);
-bool prefill_wgmma();
+// Which kernel runs the prefill schedule's 128-row tiles (float16/bfloat16, D = 128):
+//   "auto"      the fastest measured (docs/performance.md), the default;
+//   "mma_sync"  attention_mma (any sm_80+ GPU);
+//   "wgmma"     attention_wgmma, both warpgroups in lockstep (sm_90 only, else mma_sync);
+//   "wgmma_ws"  attention_wgmma_ws, warp-specialised (sm_90 only, else mma_sync).
+// Throws std::invalid_argument for any other name.
+enum class PrefillKernel { kAuto, kMmaSync, kWgmma, kWgmmaWs };
+void set_prefill_kernel(const std::string& name);
+std::string prefill_kernel_name();
+PrefillKernel prefill_kernel();
 
 }  // namespace pagekernels::cuda

@@ -1,6 +1,6 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel of attention_wgmma.cuh: shared
-// memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and the
-// register-A form (A from registers, B from shared memory) at n = 128.
+// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernels (attention_wgmma*.cuh): shared
+// memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and
+// m64n128k16 with A from registers (RS) or from shared memory (SS), B from shared memory.
 //
 // Layout of every shared operand (K and V tiles): 64-element column blocks of [rows][64]
 // elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8) (CUTLASS's
@@ -90,18 +90,14 @@ __device__ __forceinline__ void fence_registers(R (&regs)[N][4]) {
   }
 }
 
-// m64n128k16: 64 fp32 accumulators per thread; operands %64..%67 = A, %68 = B
-// descriptor, %69 = scale-d, %70 = transpose-B.
-#define PAGEKERNELS_WGMMA_RS_128(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37," \
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55," \
-      "%56, %57, %58, %59, %60, %61, %62, %63" \
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
+// m64n128k16: 64 fp32 accumulators per thread (%0..%63), then the operands.
+#define PAGEKERNELS_WGMMA_ACCUMULATORS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37," \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55," \
+  "%56, %57, %58, %59, %60, %61, %62, %63"
+#define PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
         "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
@@ -111,8 +107,25 @@ __device__ __forceinline__ void fence_registers(R (&regs)[N][4]) {
         "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
         "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
-        "+f"(d[62]), "+f"(d[63]) \
+        "+f"(d[62]), "+f"(d[63])
+
+// Register A: %64..%67 = A, %68 = B descriptor, %69 = scale-d, %70 = transpose-B.
+#define PAGEKERNELS_WGMMA_RS_128(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
+      PAGEKERNELS_WGMMA_ACCUMULATORS "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
+      : PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+
+// Shared A (K-major) and B: %64 = A descriptor, %65 = B descriptor, %66 = scale-d.
+#define PAGEKERNELS_WGMMA_SS_128(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {" \
+      PAGEKERNELS_WGMMA_ACCUMULATORS "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+      : PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
 // acc (64 x 128, fp32) = (scale_d ? acc : 0) + A (64 x 16, registers) * B (16 x 128, shared);
 // kTransB = 0 for K-major B, 1 for MN-major B. Asynchronous: see wgmma_commit / wgmma_wait.
@@ -131,6 +144,26 @@ __device__ __forceinline__ void wgmma_rs(float (&acc)[16][4], const uint32_t (&a
 #endif
 }
 
+// acc (64 x 128, fp32) = (scale_d ? acc : 0) + A (64 x 16) * B (16 x 128), both K-major in
+// shared memory. Asynchronous: see wgmma_commit / wgmma_wait.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss(float (&acc)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                         int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+  if constexpr (std::is_same_v<T, __half>) {
+    PAGEKERNELS_WGMMA_SS_128("f16");
+  } else {
+    PAGEKERNELS_WGMMA_SS_128("bf16");
+  }
+#else
+  __trap();  // compute_90 PTX: see wgmma_fence
+#endif
+}
+
+#undef PAGEKERNELS_WGMMA_SS_128
 #undef PAGEKERNELS_WGMMA_RS_128
+#undef PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS
+#undef PAGEKERNELS_WGMMA_ACCUMULATORS
 
 }  // namespace pagekernels::cuda

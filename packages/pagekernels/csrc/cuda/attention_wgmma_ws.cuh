@@ -1,0 +1,309 @@
+// Hopper prefill kernel, warp-specialised (wgmma, sm_90a), for float16 and bfloat16 at D = 128:
+// the prefill schedule's 128-row tiles (L * G > 64 packed rows).
+//
+// CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
+// (producer) streams the 128-key K/V tiles into a ring of kStages stages and does every
+// block-table lookup and address calculation. Stages change hands through mbarriers:
+//   full[s]   completes when the tile's copies have landed (each producer thread arrives once
+//             its cp.async copies complete, and each producer warp's lane 0 after storing the
+//             stage's unmapped-key words);
+//   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
+//             consumer warp, after its P V has read the values).
+// No CTA-wide barrier runs inside the loop, so the two consumers drift apart; named barriers
+// keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
+// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
+// a consumer the loop is attention_wgmma's intra-warpgroup order (Q K^T reads Q from shared
+// memory here, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
+// The producer gives registers back (setmaxnreg) so the consumers can hold S, O, P and Q.
+#pragma once
+
+#include "cuda/attention_common.cuh"
+#include "cuda/kv_source.cuh"
+#include "cuda/mma_tile.cuh"
+#include "cuda/warp_specialization.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace pagekernels::cuda {
+
+template <typename T, int kStagesArg>
+struct WgmmaWsConfig {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+  static constexpr int kProducerThreads = 128;  // warpgroup 2
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kGroupRows = 64;  // the m of wgmma
+  static constexpr int kRows = 2 * kGroupRows;
+  static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
+  static constexpr int kStages = kStagesArg;
+  static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 registers.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kTileElems = kTile * kHeadDim;
+  static constexpr uint32_t kTileBytes = kTileElems * sizeof(T);
+  static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
+  static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
+  static constexpr int kScoreBlocks = kTile / 8;
+  static constexpr int kOutBlocks = kHeadDim / 8;
+  static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
+  static constexpr int kMaskWords = kTile / 32;    // unmapped-key bits of a stage, one per key
+
+  // Shared memory: K stages, V stages, the Q tile, per-stage mask words, the mbarriers.
+  static constexpr size_t kKOffset = 0;
+  static constexpr size_t kVOffset = kKOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kQOffset = kVOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kMaskOffset = kQOffset + size_t{kRows} * kHeadDim * sizeof(T);
+  static constexpr size_t kBarrierOffset = kMaskOffset + size_t{kStages} * kMaskWords * 4;
+  static constexpr size_t kLayoutBytes = kBarrierOffset + 2 * size_t{kStages} * 8;
+  // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
+  static constexpr size_t kSmemBytes = kLayoutBytes + kSwizzleAtomBytes;
+  static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= kQOffset,
+                "epilogue scratch reuses the K/V ring");
+
+  // Named barrier ids: consumers only (epilogue, Q), and one per consumer for the ping-pong.
+  static constexpr int kConsumerBarrier = 1;
+  static constexpr int kSchedulerBarrier0 = 2;
+};
+
+// The producer warpgroup's side of one stage: thread j resolves key j of the tile and publishes
+// it by shuffle inside its warp; each warp copies its own 32 keys, lanes taking 32-byte pairs of
+// 16-byte chunks (8 lanes per 256-byte row) into the 128-byte-swizzled stage.
+template <typename T, typename C, typename KV>
+struct KVTileProducer {
+  const AttentionParams<T, KV>& p;
+  T* k_ring;
+  T* v_ring;
+  uint32_t* mask_words;  // [kStages][kMaskWords]
+  int b;
+  int kv_head;
+  int begin;
+  int end;
+  int j;  // this thread's key within a tile
+
+  __device__ __forceinline__ KVRow locate(int tile) const {
+    const int t = begin + tile * C::kTile + j;
+    return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
+  }
+
+  // Copies `tile` (its keys' pages looked up in `row`) into its stage as cp.async copies.
+  __device__ __forceinline__ void issue(int tile, KVRow row) const {
+    const int lane = j % 32;
+    const int warp = j / 32;
+    const int64_t offset = p.kv.offset(row, kv_head);
+    const bool unmapped = offset < 0 && begin + tile * C::kTile + j < end;
+    const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
+    const int stage = tile % C::kStages;
+    if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
+
+    const int chunk = 2 * (lane % 8);
+    T* k_stage = k_ring + stage * C::kTileElems;
+    T* v_stage = v_ring + stage * C::kTileElems;
+#pragma unroll
+    for (int pass = 0; pass < 8; ++pass) {
+      const int key = 4 * pass + lane / 8;  // within this warp's 32 keys
+      const int64_t off = __shfl_sync(0xffffffffu, offset, key);
+      const bool valid = off >= 0;
+      const int64_t src = valid ? off + chunk * 8 : 0;
+      const int row_in_tile = 32 * warp + key;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int dst = swizzle128_position<C::kTile>(row_in_tile, chunk + c);
+        cp_async_16(k_stage + dst, p.k + src + c * 8, valid);
+        cp_async_16(v_stage + dst, p.v + src + c * 8, valid);
+      }
+    }
+  }
+};
+
+template <typename T, int kStages, typename KV>
+__global__ void __launch_bounds__(384, 1)
+    attention_wgmma_ws_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
+  using C = WgmmaWsConfig<T, kStages>;
+  constexpr int kHeadDim = C::kHeadDim;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t misalign = shared_address(smem_raw) % kSwizzleAtomBytes;
+  unsigned char* smem = smem_raw + (misalign ? kSwizzleAtomBytes - misalign : 0);
+  T* k_ring = reinterpret_cast<T*>(smem + C::kKOffset);
+  T* v_ring = reinterpret_cast<T*>(smem + C::kVOffset);
+  T* q_tile = reinterpret_cast<T*>(smem + C::kQOffset);
+  uint32_t* mask_words = reinterpret_cast<uint32_t*>(smem + C::kMaskOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarrierOffset);
+  uint64_t* empty = full + kStages;
+
+  const int tid = threadIdx.x;
+  const CtaRows cta = cta_rows(p, C::kRows);
+  const auto& [w, num_keys, row_begin, row_end, range] = cta;
+  const int num_tiles =
+      range.end > range.begin ? (range.end - range.begin + C::kTile - 1) / C::kTile : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], C::kProducerThreads + C::kProducerThreads / 32);
+      mbarrier_init(&empty[s], C::kConsumerThreads / 32);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups run apart
+
+  if (tid >= C::kConsumerThreads) {  // producer
+    release_registers<C::kProducerRegs>();
+    const KVTileProducer<T, C, KV> producer{p,           k_ring,    v_ring,      mask_words, w.b,
+                                            w.kv_head, range.begin, range.end, tid - C::kConsumerThreads};
+    KVRow next = producer.locate(0);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
+      const KVRow row = next;
+      next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
+      producer.issue(tile, row);
+      mbarrier_arrive_on_cp_async(&full[stage]);
+      if (tid % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  claim_registers<C::kConsumerRegs>();
+  const int lane = tid % 32;
+  const int group = tid / 128;
+  const int group_row0 = group * C::kGroupRows;              // this warpgroup's first row
+  const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
+  const int unmasked_end = min(range.all_rows, range.end);
+
+  // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this warpgroup
+  // needs at all (its last row's limit).
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) limit[h] = cta.limit(p, row_begin + warp_row0 + lane / 4 + 8 * h);
+  const int group_last = min(row_begin + group_row0 + C::kGroupRows, row_end) - 1;
+  const int group_end = group_last >= row_begin + group_row0 ? cta.limit(p, group_last) : 0;
+
+  load_q_tile<C::kRows, kHeadDim, C::kConsumerThreads>(p, cta, q_tile, [](int row, int chunk) {
+    return swizzle128_position<C::kRows>(row, chunk);
+  });
+  const float c = positive_scale(p.scale_log2);
+  cp_async_wait<0>();
+  if (p.scale_log2 <= 0.0f) {
+    named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+    fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
+  }
+  fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+
+  // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
+  // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
+  const uint64_t k_desc = smem_descriptor(k_ring, 16, kSwizzleAtomBytes);
+  // This warpgroup's 64 rows of Q, K-major like K (column blocks kRows rows apart).
+  const uint64_t q_desc = smem_descriptor(q_tile + group_row0 * 64, 16, kSwizzleAtomBytes);
+  const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
+  auto stage_offset = [](int tile) -> uint64_t {
+    return ((tile % kStages) * C::kTileBytes) >> 4;
+  };
+  // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
+  const int my_turn = C::kSchedulerBarrier0 + group;
+  const int other_turn = C::kSchedulerBarrier0 + 1 - group;
+  if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
+
+  float o[C::kOutBlocks][4] = {};
+  float m[2] = {-INFINITY, -INFINITY};
+  float d[2] = {};
+  uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
+  bool has_p = false;
+  auto release = [&](int tile) {
+    if (lane == 0) mbarrier_arrive(&empty[tile % kStages]);
+  };
+  // O += P V of `tile` (asynchronous, one commit group): k step kb reads key rows 16 kb .. +15
+  // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
+  auto issue_pv = [&](int tile) {
+    fence_registers(o);
+    fence_registers(pf);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < C::kKeySteps; ++kb) {
+      wgmma_rs<T, 1>(o, pf[kb], v_desc + stage_offset(tile) + ((kb * 16 * 128) >> 4), 1);
+    }
+    wgmma_commit();
+  };
+
+  for (int i = 0; i < num_tiles; ++i) {
+    mbarrier_wait(&full[i % kStages], (i / kStages) & 1);
+    fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
+    const int t0 = range.begin + i * C::kTile;
+    const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
+
+    named_barrier_sync(my_turn, C::kConsumerThreads);
+    float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
+    if (compute) {
+      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 bytes into
+      // the 128-byte rows of column block ds / 4.
+      wgmma_fence();
+#pragma unroll
+      for (int ds = 0; ds < C::kDimSteps; ++ds) {
+        const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
+        const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+        wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(i) + (k_offset >> 4),
+                    ds > 0);
+      }
+      wgmma_commit();
+    }
+    if (has_p) issue_pv(i - 1);
+    // The other consumer's turn; consumer 1 skips its last arrival, which nobody waits for.
+    if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
+
+    if (compute) {
+      if (has_p) {
+        wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_registers(s);
+      const uint32_t* words = mask_words + (i % kStages) * C::kMaskWords;
+      const bool unmapped = (words[0] | words[1] | words[2] | words[3]) != 0;
+      if (t0 + C::kTile > unmasked_end || unmapped) {
+        auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
+        mask_scores(s, mapped, 0, t0, limit, lane);
+      }
+      float alpha[2];
+      softmax_scores(s, m, d, c, alpha);
+      if (has_p) {
+        wgmma_wait<0>();
+        fence_registers(o);
+        fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
+        release(i - 1);
+      }
+      // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
+      // a row's first tiles.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
+#pragma unroll
+      for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
+      has_p = true;
+    } else {
+      if (has_p) {  // this warpgroup's rows end here: its last P V is done
+        wgmma_wait<0>();
+        fence_registers(o);
+        release(i - 1);
+      }
+      release(i);  // not read by this warpgroup
+      has_p = false;
+    }
+  }
+  if (has_p) {
+    issue_pv(num_tiles - 1);
+    wgmma_wait<0>();
+    fence_registers(o);
+  }
+  // Every tile's copies have landed (each consumer waited on every full barrier) and every
+  // MMA is done: the ring is scratch from here on.
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+
+  float* scratch = reinterpret_cast<float*>(smem);    // [kRows][kOutStride]
+  float* stats = scratch + C::kRows * C::kOutStride;  // [kRows][2]
+  park_rows<C::kOutBlocks, C::kOutStride>(scratch, stats, warp_row0, o, m, d, lane);
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+  write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kConsumerThreads>(
+      p, w, row_begin, row_end, scratch, stats);
+}
+
+}  // namespace pagekernels::cuda

@@ -1,0 +1,79 @@
+// Synchronisation for warp-specialised kernels (sm_90a): shared-memory mbarriers that hand
+// pipeline stages between a producer and consumer warpgroups, named barriers among subsets of
+// the CTA, and the per-warpgroup register budget (setmaxnreg).
+//
+// An mbarrier completes a phase when its expected number of arrivals has arrived; waiters name
+// the phase they wait for by its parity (phase k of a barrier used once per pipeline round k).
+#pragma once
+
+#include <cstdint>
+
+namespace pagekernels::cuda {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One thread initialises; the CTA synchronises (__syncthreads) before any use.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)),
+               "r"(arrivals)
+               : "memory");
+}
+
+// Arrives with release semantics: this thread's earlier shared writes are visible to the
+// threads whose wait sees the phase complete.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(
+                   shared_address(bar))
+               : "memory");
+}
+
+// Arrives (counting as one of the expected arrivals) once every cp.async this thread issued so
+// far has landed.
+__device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                   shared_address(bar))
+               : "memory");
+}
+
+// Blocks until the phase with this parity has completed (acquire).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Named barriers 1..15 (0 is __syncthreads): `threads` (a multiple of 32) take part, some
+// waiting (sync) and the others only arriving.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Gives this warpgroup's registers above kRegs back to the CTA's pool / takes registers from it
+// up to kRegs per thread (all four warps of the warpgroup execute it).
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+}  // namespace pagekernels::cuda
