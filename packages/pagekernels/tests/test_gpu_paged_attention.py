@@ -191,8 +191,8 @@ def test_prefill128_kernels_match_reference(
     make_paged, assert_close, poison_allocator, dtype, contexts, L, page_size, causal
 ):
     """128-row prefill tiles at D = 128: each kernel (warp-specialised wgmma, lockstep wgmma,
-    mma.sync) matches the reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or
-    wholly empty)."""
+    mma.sync) matches the reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is
+    partly or wholly empty)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=page_size, dtype=dtype, seed=L,
