@@ -214,6 +214,11 @@ __global__ void __launch_bounds__(384, 1)
   auto release = [&](int tile) {
     if (lane == 0) mbarrier_arrive(&empty[tile % kStages]);
   };
+  // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
+  // waits for.
+  auto pass_turn = [&](int tile) {
+    if (group == 0 || tile + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
+  };
   // O += P V of `tile` (asynchronous, one commit group): k step kb reads key rows 16 kb .. +15
   // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
   auto issue_pv = [&](int tile) {
@@ -233,11 +238,14 @@ __global__ void __launch_bounds__(384, 1)
     const int t0 = range.begin + i * C::kTile;
     const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 
+    // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
+    // wait: ptxas serialises every wgmma (C7514 / C7518) when it cannot prove an accumulator
+    // untouched between issue and wait on every path.
     named_barrier_sync(my_turn, C::kConsumerThreads);
-    float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
     if (compute) {
       // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 bytes into
       // the 128-byte rows of column block ds / 4.
+      float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
       wgmma_fence();
 #pragma unroll
       for (int ds = 0; ds < C::kDimSteps; ++ds) {
@@ -247,15 +255,12 @@ __global__ void __launch_bounds__(384, 1)
                     ds > 0);
       }
       wgmma_commit();
-    }
-    if (has_p) issue_pv(i - 1);
-    // The other consumer's turn; consumer 1 skips its last arrival, which nobody waits for.
-    if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
-
-    if (compute) {
       if (has_p) {
+        issue_pv(i - 1);
+        pass_turn(i);
         wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
       } else {
+        pass_turn(i);
         wgmma_wait<0>();
       }
       fence_registers(s);
@@ -267,23 +272,25 @@ __global__ void __launch_bounds__(384, 1)
       }
       float alpha[2];
       softmax_scores(s, m, d, c, alpha);
-      if (has_p) {
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
-        release(i - 1);
-      }
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
+      if (has_p) release(i - 1);
       // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
       // a row's first tiles.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
 #pragma unroll
       for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
       has_p = true;
-    } else {
-      if (has_p) {  // this warpgroup's rows end here: its last P V is done
+    } else {  // this warpgroup's rows end before tile i: apply its last P, if any
+      if (has_p) {
+        issue_pv(i - 1);
+        pass_turn(i);
         wgmma_wait<0>();
         fence_registers(o);
         release(i - 1);
+      } else {
+        pass_turn(i);
       }
       release(i);  // not read by this warpgroup
       has_p = false;
