@@ -97,9 +97,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prefill-kernel",
-        choices=["auto", "mma_sync", "wgmma", "wgmma_ws"],
+        choices=["auto", "mma_sync", "wgmma"],
         default="auto",
-        help="CUDA kernel of 128-row prefill tiles (wgmma*: Hopper only)",
+        help="CUDA kernel of 128-row prefill tiles (wgmma: Hopper only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cooldown-seconds", type=float, default=0.0)

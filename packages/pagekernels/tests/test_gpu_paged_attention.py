@@ -10,6 +10,7 @@ module defines none (nothing to skip; the CPU kernels have their own tests).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -190,19 +191,35 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
 def test_prefill128_kernels_match_reference(
     make_paged, assert_close, poison_allocator, dtype, contexts, L, page_size, causal
 ):
-    """128-row prefill tiles at D = 128: each kernel (warp-specialised wgmma, lockstep wgmma,
-    mma.sync) matches the reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is
-    partly or wholly empty)."""
+    """128-row prefill tiles at D = 128: the Hopper wgmma kernel and the mma.sync kernel match the
+    reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or wholly empty)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=page_size, dtype=dtype, seed=L,
     )  # fmt: skip
     mask = "causal" if causal else None
     expected = cpu_reference(case, mask=mask)
-    for kernel in ("wgmma_ws", "wgmma", "mma_sync"):
+    for kernel in ("wgmma", "mma_sync"):
         poison_allocator(case.queries.shape, dtype)
         with tuning(prefill_kernel=kernel):
             assert_close(run_gpu(case, mask=mask), expected)
+
+
+@gpu_test
+@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
+def test_prefill_in_l2_sections(make_paged, assert_close, poison_allocator, kernel):
+    """A block table 256 pages wide (a 4096-key shape bound, 2 MiB of K/V per kv head) splits the
+    16 (b, kv_head) pairs into scheduling sections of 12 and 4 (work_item): each of the 2 x 8 x 19
+    CTAs still runs exactly once."""
+    case = make_paged(
+        contexts=[600, 1100], num_q_heads=32, num_kv_heads=8, query_len=600, head_dim=128,
+        page_size=16, dtype=mx.bfloat16, seed=5,
+    )  # fmt: skip
+    table = [row + [-1] * (256 - len(row)) for row in case.table]
+    wide = dataclasses.replace(case, block_table=mx.array(table, dtype=mx.int32), table=table)
+    poison_allocator(case.queries.shape, mx.bfloat16)
+    with tuning(prefill_kernel=kernel):
+        assert_close(run_gpu(wide, mask="causal"), cpu_reference(case, mask="causal"))
 
 
 @gpu_test
@@ -259,7 +276,7 @@ def test_new_metadata_values_with_the_same_shapes(make_paged, assert_close, L):
 def test_tuning_knobs_validate_and_restore():
     with pytest.raises(ValueError, match="split count"):
         _ext.set_decode_num_splits(-1)
-    with pytest.raises(ValueError, match="expected one of auto, mma_sync, wgmma, wgmma_ws"):
+    with pytest.raises(ValueError, match="expected one of auto, mma_sync, wgmma"):
         _ext.set_prefill_kernel("flash")
     knobs = {"decode_num_splits": 3, "prefill_num_splits": 2, "decode_tensor_cores": False,
              "prefill_kernel": "mma_sync"}  # fmt: skip

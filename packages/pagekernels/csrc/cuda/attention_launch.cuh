@@ -7,6 +7,7 @@
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -14,7 +15,6 @@
 #include "cuda/attention_mma.cuh"
 #include "cuda/attention_simt.cuh"
 #include "cuda/attention_wgmma.cuh"
-#include "cuda/attention_wgmma_ws.cuh"
 #include "cuda/launch_utils.cuh"
 #include "cuda/merge_splits.cuh"
 #include "cuda/split_plan.h"
@@ -103,29 +103,21 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
-// 128-key tiles, 3 stages (197 KB of shared memory): measured 1.14x faster than 64-key tiles
-// with 5 stages at L = 4096 (docs/performance.md).
+// Warp-specialised, 128-key tiles, 3 stages (225 KB of shared memory).
 template <typename T, typename KV>
 KernelChoice<T, KV> wgmma_kernel() {
-  using C = WgmmaConfig<T, 128, 128, 3>;
-  return {&attention_wgmma_kernel<T, 128, 128, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows,
-          C::kTile};
+  using C = WgmmaConfig<T, 3>;
+  return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
 }
 
-template <typename T, typename KV>
-KernelChoice<T, KV> wgmma_ws_kernel() {
-  using C = WgmmaWsConfig<T, 3>;
-  return {&attention_wgmma_ws_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
-}
-
-// The kernel of a 128-row prefill tile at D = 128 (tuning.h's prefill_kernel knob).
+// The kernel of a 128-row prefill tile at D = 128 (tuning.h's prefill_kernel knob): wgmma on
+// sm_90 (1.25x faster than mma.sync at L = 4096, 1.1x at 1024: docs/performance.md).
 template <typename T, typename KV>
 KernelChoice<T, KV> prefill128_kernel(Encoder& enc) {
-  const PrefillKernel kind = prefill_kernel();
-  if (kind == PrefillKernel::kMmaSync || !is_sm90(enc)) {
+  if (prefill_kernel() == PrefillKernel::kMmaSync || !is_sm90(enc)) {
     return mma_choice_for<T, 128, KV>(MmaLayout::kPrefill128);
   }
-  return kind == PrefillKernel::kWgmma ? wgmma_kernel<T, KV>() : wgmma_ws_kernel<T, KV>();
+  return wgmma_kernel<T, KV>();
 }
 
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
@@ -142,6 +134,15 @@ inline void check_head_dim(std::string_view op, int head_dim) {
                                 "up to " + std::to_string(kGpuMaxHeadDim) +
                                 ", got D=" + std::to_string(head_dim));
   }
+}
+
+// (b, kv_head) pairs per scheduling section (work_item): as many as keep their K/V (at the
+// shape bound) within half of the H200's 50 MB L2, at least one.
+inline int section_heads(const AttentionShape& s, size_t itemsize) {
+  constexpr int64_t kSectionBytes = int64_t{24} << 20;
+  const int64_t head_bytes = std::max<int64_t>(2 * s.max_keys * s.head_dim * itemsize, 1);
+  const int64_t heads = int64_t{s.batch} * s.num_kv_heads;
+  return static_cast<int>(std::clamp<int64_t>(kSectionBytes / head_bytes, 1, heads));
 }
 
 // Allocates `out` and adds the nodes computing attention of q over the keys that `kv` addresses
@@ -193,6 +194,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   p.query_len = s.query_len;
   p.head_dim = s.head_dim;
   p.num_row_blocks = row_blocks;
+  p.section_heads = section_heads(s, sizeof(T));
   p.num_splits = plan.num_splits;
   p.chunk_keys = plan.chunk_keys;
   p.scale_log2 = s.scale * kLog2e;

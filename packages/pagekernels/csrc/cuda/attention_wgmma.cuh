@@ -1,82 +1,175 @@
-// Hopper prefill kernel (wgmma, sm_90a) for float16 and bfloat16 at D = 128: the prefill
-// schedule's 128-row tiles (L * G > 64 packed rows), where mma.sync reached ~250 TFLOP/s.
+// Hopper prefill kernel, warp-specialised (wgmma, sm_90a), for float16 and bfloat16 at D = 128:
+// the prefill schedule's 128-row tiles (L * G > 64 packed rows).
 //
-// CTA = 2 warpgroups x 64 packed query rows, sharing one cp.async ring of 128-key K/V tiles
-// (kv_ring.cuh, stored with the 128-byte swizzle that wgmma descriptors read). Q is loaded once
-// into registers as A fragments. Per warpgroup, in FlashAttention-3's intra-warpgroup order:
-//   iteration j:  S_j = Q K_j^T         wgmma m64n128k16, A = Q (registers), B = K tile (K-major)
-//                 O += P_{j-1} V_{j-1}  wgmma m64n128k16, A = P (registers), B = V tile read
-//                                       MN-major (transpose-B), so V needs no transposed copy
-//                 wait for S_j; mask (only tiles crossing a row's causal limit, the chunk end
-//                 or an unmapped page) and online softmax of S_j while P V runs on the tensor
-//                 cores; wait for P V; rescale O by the new row maxima; P_j = S_j as bf16/f16
-// A warpgroup whose rows end before a tile (causal) skips its math but keeps the barriers. The
-// ring refills a stage two tiles after its keys were used, once P V has read its values. The
-// async register protocol: wgmma_fence before an MMA batch, fence_registers on every register
-// array an in-flight wgmma reads or writes (S, O, P) after its wait, so the compiler moves no
-// access across it.
+// CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
+// (producer) streams the 128-key K/V tiles into a ring of kStages stages and does every
+// block-table lookup and address calculation. Stages change hands through mbarriers:
+//   full[s]   completes when the tile's copies have landed (each producer thread arrives once
+//             its cp.async copies complete, and each producer warp's lane 0 after storing the
+//             stage's unmapped-key words);
+//   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
+//             consumer warp, after its P V has read the values).
+// No CTA-wide barrier runs inside the loop, so the two consumers drift apart; named barriers
+// keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
+// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
+// a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
+// shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
+// The producer gives registers back (setmaxnreg) so the consumers can hold S, O, P and Q.
 #pragma once
 
 #include "cuda/attention_common.cuh"
-#include "cuda/kv_ring.cuh"
 #include "cuda/kv_source.cuh"
 #include "cuda/mma_tile.cuh"
+#include "cuda/warp_specialization.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace pagekernels::cuda {
 
-template <typename T, int kHeadDim, int kTileArg, int kStagesArg>
+template <typename T, int kStagesArg>
 struct WgmmaConfig {
-  // D = 64 (one 64-column block, n = 64 for P V) gave wrong results past the first key tile on
-  // the H200 and stays on attention_mma.
-  static_assert(kHeadDim == 128, "wgmma path: D = 128");
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kHeadDim = 128;
+  static constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+  static constexpr int kProducerThreads = 128;  // warpgroup 2
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   static constexpr int kGroupRows = 64;  // the m of wgmma
-  static constexpr int kRows = kGroupRows * kWarpGroups;
-  static constexpr int kTile = kTileArg;  // keys per pipeline stage: the n of Q K^T
-  // 64-key tiles measured 1.14x slower at L = 4096 (docs/performance.md, session 6).
-  static_assert(kTile == 128, "n = 128");
+  static constexpr int kRows = 2 * kGroupRows;
+  static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
   static constexpr int kStages = kStagesArg;
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
-  static constexpr int kAhead = 1;
-  static constexpr uint32_t kTileBytes = kTile * kHeadDim * sizeof(T);
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 registers.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kTileElems = kTile * kHeadDim;
+  static constexpr uint32_t kTileBytes = kTileElems * sizeof(T);
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
   static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
   static constexpr int kScoreBlocks = kTile / 8;
   static constexpr int kOutBlocks = kHeadDim / 8;
   static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
-  using Ring = KVRing<T, kTile, kHeadDim, kStages, kThreads, TileLayout::kSwizzle128>;
-  // The Q tile borrows the last K stages: the prologue fills stages 0 .. kStages - 3 only, and
-  // Q is in registers before the loop's first refill.
-  static constexpr int kQStages = (kRows * kHeadDim * sizeof(T)) / kTileBytes;
-  static_assert(kQStages * kTileBytes == kRows * kHeadDim * sizeof(T) && kQStages <= 2,
-                "Q fits the K stages the prologue leaves empty");
+  static constexpr int kMaskWords = kTile / 32;    // unmapped-key bits of a stage, one per key
+
+  // Shared memory: K stages, V stages, the Q tile, per-stage mask words, the mbarriers.
+  static constexpr size_t kKOffset = 0;
+  static constexpr size_t kVOffset = kKOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kQOffset = kVOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kMaskOffset = kQOffset + size_t{kRows} * kHeadDim * sizeof(T);
+  static constexpr size_t kBarrierOffset = kMaskOffset + size_t{kStages} * kMaskWords * 4;
+  static constexpr size_t kLayoutBytes = kBarrierOffset + 2 * size_t{kStages} * 8;
   // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
-  static constexpr size_t kSmemBytes = Ring::kSmemBytes + kSwizzleAtomBytes;
-  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= Ring::kRingBytes,
+  static constexpr size_t kSmemBytes = kLayoutBytes + kSwizzleAtomBytes;
+  static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= kQOffset,
                 "epilogue scratch reuses the K/V ring");
+
+  // Named barrier ids: consumers only (epilogue, Q), and one per consumer for the ping-pong.
+  static constexpr int kConsumerBarrier = 1;
+  static constexpr int kSchedulerBarrier0 = 2;
 };
 
-template <typename T, int kHeadDim, int kTile, int kStages, typename KV>
-__global__ void __launch_bounds__(256, 1)
+// The producer warpgroup's side of one stage: thread j resolves key j of the tile and publishes
+// it by shuffle inside its warp; each warp copies its own 32 keys, lanes taking 32-byte pairs of
+// 16-byte chunks (8 lanes per 256-byte row) into the 128-byte-swizzled stage.
+template <typename T, typename C, typename KV>
+struct KVTileProducer {
+  const AttentionParams<T, KV>& p;
+  T* k_ring;
+  T* v_ring;
+  uint32_t* mask_words;  // [kStages][kMaskWords]
+  int b;
+  int kv_head;
+  int begin;
+  int end;
+  int j;  // this thread's key within a tile
+
+  __device__ __forceinline__ KVRow locate(int tile) const {
+    const int t = begin + tile * C::kTile + j;
+    return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
+  }
+
+  // Copies `tile` (its keys' pages looked up in `row`) into its stage as cp.async copies.
+  __device__ __forceinline__ void issue(int tile, KVRow row) const {
+    const int lane = j % 32;
+    const int warp = j / 32;
+    const int64_t offset = p.kv.offset(row, kv_head);
+    const bool unmapped = offset < 0 && begin + tile * C::kTile + j < end;
+    const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
+    const int stage = tile % C::kStages;
+    if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
+
+    const int chunk = 2 * (lane % 8);
+    T* k_stage = k_ring + stage * C::kTileElems;
+    T* v_stage = v_ring + stage * C::kTileElems;
+#pragma unroll
+    for (int pass = 0; pass < 8; ++pass) {
+      const int key = 4 * pass + lane / 8;  // within this warp's 32 keys
+      const int64_t off = __shfl_sync(0xffffffffu, offset, key);
+      const bool valid = off >= 0;
+      const int64_t src = valid ? off + chunk * 8 : 0;
+      const int row_in_tile = 32 * warp + key;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int dst = swizzle128_position<C::kTile>(row_in_tile, chunk + c);
+        cp_async_16(k_stage + dst, p.k + src + c * 8, valid);
+        cp_async_16(v_stage + dst, p.v + src + c * 8, valid);
+      }
+    }
+  }
+};
+
+template <typename T, int kStages, typename KV>
+__global__ void __launch_bounds__(384, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
-  using C = WgmmaConfig<T, kHeadDim, kTile, kStages>;
+  using C = WgmmaConfig<T, kStages>;
+  constexpr int kHeadDim = C::kHeadDim;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) %
-                            kSwizzleAtomBytes;
+  const uint32_t misalign = shared_address(smem_raw) % kSwizzleAtomBytes;
   unsigned char* smem = smem_raw + (misalign ? kSwizzleAtomBytes - misalign : 0);
+  T* k_ring = reinterpret_cast<T*>(smem + C::kKOffset);
+  T* v_ring = reinterpret_cast<T*>(smem + C::kVOffset);
+  T* q_tile = reinterpret_cast<T*>(smem + C::kQOffset);
+  uint32_t* mask_words = reinterpret_cast<uint32_t*>(smem + C::kMaskOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarrierOffset);
+  uint64_t* empty = full + kStages;
 
   const int tid = threadIdx.x;
-  const int lane = tid % 32;
-  const int group_row0 = (tid / 128) * C::kGroupRows;      // this warpgroup's first row
-  const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
   const CtaRows cta = cta_rows(p, C::kRows);
   const auto& [w, num_keys, row_begin, row_end, range] = cta;
-  const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
-                              kHeadDim);
-  T* q_tile = ring.k_ring + (kStages - C::kQStages) * kTile * kHeadDim;  // 128-byte swizzle
+  const int num_tiles =
+      range.end > range.begin ? (range.end - range.begin + C::kTile - 1) / C::kTile : 0;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], C::kProducerThreads + C::kProducerThreads / 32);
+      mbarrier_init(&empty[s], C::kConsumerThreads / 32);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups run apart
+
+  if (tid >= C::kConsumerThreads) {  // producer
+    release_registers<C::kProducerRegs>();
+    const KVTileProducer<T, C, KV> producer{p,           k_ring,    v_ring,      mask_words, w.b,
+                                            w.kv_head, range.begin, range.end, tid - C::kConsumerThreads};
+    KVRow next = producer.locate(0);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
+      const KVRow row = next;
+      next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
+      producer.issue(tile, row);
+      mbarrier_arrive_on_cp_async(&full[stage]);
+      if (tid % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  claim_registers<C::kConsumerRegs>();
+  const int lane = tid % 32;
+  const int group = tid / 128;
+  const int group_row0 = group * C::kGroupRows;              // this warpgroup's first row
+  const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
   const int unmasked_end = min(range.all_rows, range.end);
 
   // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this warpgroup
@@ -87,45 +180,45 @@ __global__ void __launch_bounds__(256, 1)
   const int group_last = min(row_begin + group_row0 + C::kGroupRows, row_end) - 1;
   const int group_end = group_last >= row_begin + group_row0 ? cta.limit(p, group_last) : 0;
 
-  // Q tile in its own cp.async group, ahead of every K/V group.
-  load_q_tile<C::kRows, kHeadDim, C::kThreads>(p, cta, q_tile, [](int row, int chunk) {
+  load_q_tile<C::kRows, kHeadDim, C::kConsumerThreads>(p, cta, q_tile, [](int row, int chunk) {
     return swizzle128_position<C::kRows>(row, chunk);
   });
-
-  KVRow window[C::kAhead];
-  UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;
-  unmapped.start(ring.start(p.kv, window));
-  for (int s = 0; s < kStages - 2; ++s) ring.issue(s);
-
   const float c = positive_scale(p.scale_log2);
-  cp_async_wait<kStages - 2>();  // the Q group
-  __syncthreads();
+  cp_async_wait<0>();
   if (p.scale_log2 <= 0.0f) {
-    fold_scale_sign<C::kThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
-    __syncthreads();
+    named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+    fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
   }
-  uint32_t qf[C::kDimSteps][4];  // this warp's 16 rows of Q as A fragments
-#pragma unroll
-  for (int ds = 0; ds < C::kDimSteps; ++ds) {
-    ldmatrix_x4(qf[ds],
-                q_tile + swizzle128_position<C::kRows>(warp_row0 + lane % 16, 2 * ds + lane / 16));
-  }
+  fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
 
   // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
   // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
-  const uint64_t k_desc = smem_descriptor(ring.k_tile(0), 16, kSwizzleAtomBytes);
-  const uint64_t v_desc = smem_descriptor(ring.v_tile(0), kTile * 128, kSwizzleAtomBytes);
+  const uint64_t k_desc = smem_descriptor(k_ring, 16, kSwizzleAtomBytes);
+  // This warpgroup's 64 rows of Q, K-major like K (column blocks kRows rows apart).
+  const uint64_t q_desc = smem_descriptor(q_tile + group_row0 * 64, 16, kSwizzleAtomBytes);
+  const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
   auto stage_offset = [](int tile) -> uint64_t {
     return ((tile % kStages) * C::kTileBytes) >> 4;
   };
+  // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
+  const int my_turn = C::kSchedulerBarrier0 + group;
+  const int other_turn = C::kSchedulerBarrier0 + 1 - group;
+  if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
   float o[C::kOutBlocks][4] = {};
   float m[2] = {-INFINITY, -INFINITY};
   float d[2] = {};
   uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
   bool has_p = false;
-  bool pending_unmapped = false;
-
+  auto release = [&](int tile) {
+    if (lane == 0) mbarrier_arrive(&empty[tile % kStages]);
+  };
+  // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
+  // waits for.
+  auto pass_turn = [&](int tile) {
+    if (group == 0 || tile + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
+  };
   // O += P V of `tile` (asynchronous, one commit group): k step kb reads key rows 16 kb .. +15
   // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
   auto issue_pv = [&](int tile) {
@@ -139,68 +232,85 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_commit();
   };
 
-  for (int i = 0; i < ring.num_tiles; ++i) {
-    cp_async_wait<kStages - 3>();
-    fence_proxy_async();  // tile i's bytes, written by cp.async, are read by wgmma
-    unmapped.barrier(i, pending_unmapped);
-    ring.issue(i + kStages - 2);  // into the stage of tile i - 2, whose P V is done
+  for (int i = 0; i < num_tiles; ++i) {
+    mbarrier_wait(&full[i % kStages], (i / kStages) & 1);
+    fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
+    const int t0 = range.begin + i * C::kTile;
+    const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 
-    const int t0 = ring.first_key(i);
-    if (t0 < group_end) {  // uniform across the warpgroup, as wgmma requires
-      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every key row, 32 bytes into the
-      // 128-byte rows of column block ds / 4.
+    // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
+    // wait: ptxas serialises every wgmma (C7514 / C7518) when it cannot prove an accumulator
+    // untouched between issue and wait on every path.
+    named_barrier_sync(my_turn, C::kConsumerThreads);
+    if (compute) {
+      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 bytes into
+      // the 128-byte rows of column block ds / 4.
       float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
       wgmma_fence();
 #pragma unroll
       for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        const uint32_t offset = (ds / 4) * kTile * 128 + (ds % 4) * 32;
-        wgmma_rs<T, 0>(s, qf[ds], k_desc + stage_offset(i) + (offset >> 4), ds > 0);
+        const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
+        const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+        wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(i) + (k_offset >> 4),
+                    ds > 0);
       }
       wgmma_commit();
       if (has_p) {
         issue_pv(i - 1);
+        pass_turn(i);
         wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
       } else {
+        pass_turn(i);
         wgmma_wait<0>();
       }
       fence_registers(s);
-
-      if (t0 + kTile > unmasked_end || unmapped(i)) {
-        mask_scores(s, ring.mapped(i), 0, t0, limit, lane);
+      const uint32_t* words = mask_words + (i % kStages) * C::kMaskWords;
+      const bool unmapped = (words[0] | words[1] | words[2] | words[3]) != 0;
+      if (t0 + C::kTile > unmasked_end || unmapped) {
+        auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
+        mask_scores(s, mapped, 0, t0, limit, lane);
       }
       float alpha[2];
       softmax_scores(s, m, d, c, alpha);
       wgmma_wait<0>();
       fence_registers(o);
       fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
+      if (has_p) release(i - 1);
       // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
       // a row's first tiles.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
 #pragma unroll
       for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
       has_p = true;
-    } else if (has_p) {  // this warpgroup's rows end here: apply its last P
-      issue_pv(i - 1);
-      wgmma_wait<0>();
-      fence_registers(o);
+    } else {  // this warpgroup's rows end before tile i: apply its last P, if any
+      if (has_p) {
+        issue_pv(i - 1);
+        pass_turn(i);
+        wgmma_wait<0>();
+        fence_registers(o);
+        release(i - 1);
+      } else {
+        pass_turn(i);
+      }
+      release(i);  // not read by this warpgroup
       has_p = false;
     }
-    pending_unmapped = ring.advance(p.kv, i, window);
   }
   if (has_p) {
-    issue_pv(ring.num_tiles - 1);
+    issue_pv(num_tiles - 1);
     wgmma_wait<0>();
     fence_registers(o);
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the ring is free from here on
+  // Every tile's copies have landed (each consumer waited on every full barrier) and every
+  // MMA is done: the ring is scratch from here on.
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
 
-  float* scratch = reinterpret_cast<float*>(smem);  // [kRows][kOutStride]
+  float* scratch = reinterpret_cast<float*>(smem);    // [kRows][kOutStride]
   float* stats = scratch + C::kRows * C::kOutStride;  // [kRows][2]
   park_rows<C::kOutBlocks, C::kOutStride>(scratch, stats, warp_row0, o, m, d, lane);
-  __syncthreads();
-  write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kThreads>(p, w, row_begin,
-                                                                          row_end, scratch, stats);
+  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+  write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kConsumerThreads>(
+      p, w, row_begin, row_end, scratch, stats);
 }
 
 }  // namespace pagekernels::cuda

@@ -1,4 +1,5 @@
-// The K/V tile ring both attention kernels stream keys through (cp.async, kStages deep).
+// The K/V tile ring that attention_simt and attention_mma stream keys through (cp.async,
+// kStages deep; attention_wgmma has its own producer warpgroup).
 //
 // Tile i holds keys begin + i * kTile + [0, kTile) in stage i % kStages. Its row offsets are
 // resolved once per key, by thread j for key j, into offset slot i % kOffsetSlots, and shared
@@ -11,9 +12,6 @@
 //     compute tile i (ring.k_tile(i), ring.v_tile(i), ring.mapped(i) for masks)
 //     ring.advance(kv, i, window)             // stores tile i+kStages's offsets, looks up
 //                                             // tile i+kStages+kAhead
-//
-// attention_wgmma refills one tile later (issue(i + kStages - 2), wait<kStages - 3>): its P V of
-// tile i - 1 still reads that stage while tile i is computed.
 //
 // The block_table loads run kAhead tiles ahead of their use (`window` is per thread), so in
 // decode, where a tile's compute is short, the table's DRAM latency is not paid once per tile.
@@ -29,7 +27,6 @@
 
 #include "cuda/device_utils.cuh"
 #include "cuda/kv_source.cuh"
-#include "cuda/wgmma.cuh"
 
 namespace pagekernels::cuda {
 
@@ -37,7 +34,6 @@ namespace pagekernels::cuda {
 enum class TileLayout {
   kPlain,       // [kTile][kRowElems]
   kSwizzleRow,  // same, 16-byte chunk c of row r at chunk c ^ (r % 8) (conflict-free ldmatrix)
-  kSwizzle128,  // 64-element column blocks with the 128-byte swizzle that wgmma reads
 };
 
 // kRowElems: elements per shared row (the kernel's head-dim capacity).
@@ -56,7 +52,6 @@ struct KVRing {
   static constexpr int kCopyPasses = kTile / kCopyRows;
   static_assert(kLayout == TileLayout::kPlain || kCopyRows % 8 == 0,
                 "swizzled rows repeat every 8: a pass must keep the pattern");
-  static constexpr int kRowStride = kLayout == TileLayout::kSwizzle128 ? 64 : kRowElems;
   static_assert(kTile <= kThreads, "one thread per key resolves offsets");
   static constexpr size_t kRingBytes = 2 * size_t{kStages} * kTileElems * sizeof(T);
   static constexpr size_t kSmemBytes = kRingBytes + kOffsetSlots * kTile * sizeof(int64_t);
@@ -88,9 +83,7 @@ struct KVRing {
         num_tiles(end_ > begin_ ? (end_ - begin_ + kTile - 1) / kTile : 0) {}
 
   __device__ __forceinline__ static int position(int row, int chunk) {
-    if constexpr (kLayout == TileLayout::kSwizzle128) {
-      return swizzle128_position<kTile>(row, chunk);
-    } else if constexpr (kLayout == TileLayout::kSwizzleRow) {
+    if constexpr (kLayout == TileLayout::kSwizzleRow) {
       return row * kRowElems + ((chunk ^ (row & 7)) * kElemsPerChunk);
     } else {
       return row * kRowElems + chunk * kElemsPerChunk;
@@ -130,7 +123,7 @@ struct KVRing {
         const int64_t off = offs[pass * kCopyRows];
         const bool valid = off >= 0 && elem < head_dim;
         const int64_t src = valid ? off + elem : 0;
-        const int dst = stage + pass * kCopyRows * kRowStride;
+        const int dst = stage + pass * kCopyRows * kRowElems;
         cp_async_16(k_ring + dst, k + src, valid);
         cp_async_16(v_ring + dst, v + src, valid);
       }

@@ -14,7 +14,7 @@ std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
 std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::kAuto};
 
-constexpr const char* kPrefillKernelNames[] = {"auto", "mma_sync", "wgmma", "wgmma_ws"};
+constexpr const char* kPrefillKernelNames[] = {"auto", "mma_sync", "wgmma"};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -45,14 +45,14 @@ void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
 
 void set_prefill_kernel(const std::string& name) {
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     if (name == kPrefillKernelNames[i]) {
       g_prefill_kernel = static_cast<PrefillKernel>(i);
       return;
     }
   }
-  throw std::invalid_argument("[set_prefill_kernel] expected one of auto, mma_sync, wgmma, "
-                              "wgmma_ws, got '" + name + "'");
+  throw std::invalid_argument("[set_prefill_kernel] expected one of auto, mma_sync, wgmma, got '" +
+                              name + "'");
 }
 
 std::string prefill_kernel_name() { return kPrefillKernelNames[static_cast<int>(g_prefill_kernel.load())]; }
