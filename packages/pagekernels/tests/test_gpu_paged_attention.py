@@ -10,7 +10,6 @@ module defines none (nothing to skip; the CPU kernels have their own tests).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -203,23 +202,6 @@ def test_prefill128_kernels_match_reference(
         poison_allocator(case.queries.shape, dtype)
         with tuning(prefill_kernel=kernel):
             assert_close(run_gpu(case, mask=mask), expected)
-
-
-@gpu_test
-@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
-def test_prefill_in_l2_sections(make_paged, assert_close, poison_allocator, kernel):
-    """A block table 256 pages wide (a 4096-key shape bound, 2 MiB of K/V per kv head) splits the
-    16 (b, kv_head) pairs into scheduling sections of 12 and 4 (work_item): each of the 2 x 8 x 19
-    CTAs still runs exactly once."""
-    case = make_paged(
-        contexts=[600, 1100], num_q_heads=32, num_kv_heads=8, query_len=600, head_dim=128,
-        page_size=16, dtype=mx.bfloat16, seed=5,
-    )  # fmt: skip
-    table = [row + [-1] * (256 - len(row)) for row in case.table]
-    wide = dataclasses.replace(case, block_table=mx.array(table, dtype=mx.int32), table=table)
-    poison_allocator(case.queries.shape, mx.bfloat16)
-    with tuning(prefill_kernel=kernel):
-        assert_close(run_gpu(wide, mask="causal"), cpu_reference(case, mask="causal"))
 
 
 @gpu_test

@@ -30,18 +30,14 @@ struct AttentionParams {
   int query_len;          // L
   int head_dim;           // D (runtime; kernels are compiled for a capacity >= D)
   int num_row_blocks;     // CTAs per (b, kv_head) along the packed rows
-  int section_heads;      // (b, kv_head) pairs per scheduling section (work_item)
   int num_splits;         // key chunks per (b, kv_head, row block)
   int chunk_keys;         // keys per chunk (multiple of the kernel's key tile)
   float scale_log2;       // softmax scale * log2(e)
   bool causal;            // bottom-right aligned to each request's key count
 };
 
-// The CTA's coordinates: blockIdx.x = (b, kv_head, row block), blockIdx.y = split. The
-// (b, kv_head) pairs go in sections of p.section_heads, whose K/V fit in L2 together; inside a
-// section the row blocks go last first and the heads fastest, so causal prefill starts the CTAs
-// with the most keys first across all heads of the section (longest-processing-time order:
-// the last wave holds the shortest CTAs).
+// The CTA's coordinates: blockIdx.x = (b, kv_head, row block) with the row block fastest and
+// reversed, so causal prefill starts the row blocks with the most keys first; blockIdx.y = split.
 struct WorkItem {
   int b;
   int kv_head;
@@ -51,15 +47,10 @@ struct WorkItem {
 
 template <typename P>
 __device__ __forceinline__ WorkItem work_item(const P& p) {
-  const int num_heads = static_cast<int>(gridDim.x) / p.num_row_blocks;  // (b, kv_head) pairs
-  const int section = blockIdx.x / (p.section_heads * p.num_row_blocks);
-  const int within = blockIdx.x % (p.section_heads * p.num_row_blocks);
-  const int first_head = section * p.section_heads;
-  const int heads = min(p.section_heads, num_heads - first_head);
-  const int head = first_head + within % heads;
-  const int row_block = p.num_row_blocks - 1 - within / heads;
-  return {head / p.num_kv_heads, head % p.num_kv_heads, row_block,
-          static_cast<int>(blockIdx.y)};
+  int item = blockIdx.x;
+  const int row_block = p.num_row_blocks - 1 - item % p.num_row_blocks;
+  item /= p.num_row_blocks;
+  return {item / p.num_kv_heads, item % p.num_kv_heads, row_block, static_cast<int>(blockIdx.y)};
 }
 
 // Exclusive bound on the keys that query position l sees (same rule as the CPU kernels).

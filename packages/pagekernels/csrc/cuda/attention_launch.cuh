@@ -7,7 +7,6 @@
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
-#include <algorithm>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -136,15 +135,6 @@ inline void check_head_dim(std::string_view op, int head_dim) {
   }
 }
 
-// (b, kv_head) pairs per scheduling section (work_item): as many as keep their K/V (at the
-// shape bound) within half of the H200's 50 MB L2, at least one.
-inline int section_heads(const AttentionShape& s, size_t itemsize) {
-  constexpr int64_t kSectionBytes = int64_t{24} << 20;
-  const int64_t head_bytes = std::max<int64_t>(2 * s.max_keys * s.head_dim * itemsize, 1);
-  const int64_t heads = int64_t{s.batch} * s.num_kv_heads;
-  return static_cast<int>(std::clamp<int64_t>(kSectionBytes / head_bytes, 1, heads));
-}
-
 // Allocates `out` and adds the nodes computing attention of q over the keys that `kv` addresses
 // in k/v. `metadata` are the small int32 inputs (block_table, lens) the kernels read.
 template <typename T, typename KV>
@@ -194,7 +184,6 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   p.query_len = s.query_len;
   p.head_dim = s.head_dim;
   p.num_row_blocks = row_blocks;
-  p.section_heads = section_heads(s, sizeof(T));
   p.num_splits = plan.num_splits;
   p.chunk_keys = plan.chunk_keys;
   p.scale_log2 = s.scale * kLog2e;
