@@ -133,6 +133,7 @@ def _attention_bars(document: dict, out: Path, stem: str) -> list[Path]:
         chosen = [c for c in cells if c["path"] in paths and keep(c["shape"])]
         if not chosen:
             continue
+        paths = [path for path in paths if any(c["path"] == path for c in chosen)]
         labels = sorted({c["label"] for c in chosen}, key=lambda s: [len(s), s])
         fig, (ax,) = _panels(1, ncols=1)
         fig.set_size_inches(max(6.0, 1.1 * len(labels) * len(paths)), 4.0)
