@@ -7,7 +7,8 @@
 #   call 2: carry [".gpu-b", ".whl"], command:
 #           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
-#   JSON records the commit too.)
+#   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
+#   reported an older commit in session 7.)
 # Stages (default: build test bench serve mlxlm): build test bench serve mlxlm admission profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile every csrc/cuda/*.cu for sm_90a (flags as in CMakeLists.txt, plus ptxas statistics) and
-# print one line per kernel: registers, stack frame, spills. Nonzero exit on a compile error.
+# print one line per kernel: registers, stack frame, spills, plus any ptxas note that wgmma was
+# serialised. Nonzero exit on a compile error.
 # Usage: csrc/cuda/check_compile.sh [file.cu ...]   (needs nvcc 13 and the mlx wheel headers)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,6 +23,8 @@ for f in "${files[@]}"; do
     exit 1
   fi
   grep -v '^ptxas info\|bytes stack frame' "$out/$name.log" || true  # warnings
+  # ptxas reports serialised wgmma (C7514, C7518, ...) as "info", not as a warning.
+  grep 'C75[0-9][0-9]' "$out/$name.log" | sed 's/in the function.*//' | sort -u || true
   # ptxas prints, per kernel: entry name, stack/spill line, register line.
   awk '/Compiling entry function/ { match($0, /\x27[^\x27]+\x27/); fn = substr($0, RSTART + 1, RLENGTH - 2) }
        /bytes stack frame/ { frame = $1; spill = $5 + $9 }
