@@ -9,7 +9,8 @@
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
-# Stages (default: build test bench serve mlxlm): build test bench serve mlxlm admission profile. .whl/ holds wheels the machine lacks
+# Stages (default: build test bench serve mlxlm): build test bench prefill serve mlxlm admission
+# profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +65,16 @@ if has_stage bench; then
   python3 benchmarks/attention.py --device gpu --json-output "$OUT/attention.json" \
     --time-limit-s "${BENCH_TIME_S:-150}" --process-timeout-s 120 \
     2>&1 | tee "$OUT/attention.log" | tail -n 45
+fi
+
+if has_stage prefill; then
+  section "prefill: the 128-row kernels back to back (wgmma where the GPU has it, then mma.sync)"
+  for kernel in auto mma_sync; do
+    python3 benchmarks/attention.py --device gpu --paths paged sdpa --batches 1 --contexts 128 \
+      --page-sizes 16 128 --prefill 1024 4096 --repeats "${PREFILL_REPEATS:-3}" \
+      --prefill-kernel "$kernel" --json-output "$OUT/prefill-$kernel.json" \
+      2>&1 | tee "$OUT/prefill-$kernel.log" | grep "prefill B"
+  done
 fi
 
 if has_stage serve; then
