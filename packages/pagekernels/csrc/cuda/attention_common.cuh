@@ -1,6 +1,6 @@
-// What the two attention kernels (attention_simt.cuh, attention_mma.cuh) share: the kernel
-// parameters, the work-item decomposition, per-row key limits and the output epilogue that
-// writes either the final row or a split-K partial.
+// What the attention kernels (attention_simt.cuh, attention_mma.cuh, attention_wgmma.cuh) share:
+// the kernel parameters, the work-item decomposition, per-row key limits and the output epilogue
+// that writes either the final row or a split-K partial.
 //
 // Rows: the G = Hq / Hkv query heads of one kv head are packed with the L query positions into
 // R = L * G rows, row r = l * G + g (query head kv_head * G + g, position l). A CTA owns a block

@@ -110,7 +110,7 @@ KernelChoice<T, KV> wgmma_kernel() {
 }
 
 // The kernel of a 128-row prefill tile at D = 128 (tuning.h's prefill_kernel knob): wgmma on
-// sm_90 (1.25x faster than mma.sync at L = 4096, 1.1x at 1024: docs/performance.md).
+// sm_90 (1.47x faster than mma.sync at L = 4096, 1.09x at 1024 at aa433bb: docs/performance.md).
 template <typename T, typename KV>
 KernelChoice<T, KV> prefill128_kernel(Encoder& enc) {
   if (prefill_kernel() == PrefillKernel::kMmaSync || !is_sm90(enc)) {

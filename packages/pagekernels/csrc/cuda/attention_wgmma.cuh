@@ -8,14 +8,15 @@
 //             its cp.async copies complete, and each producer warp's lane 0 after storing the
 //             stage's unmapped-key words);
 //   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
-//             consumer warp, after its P V has read the values).
+//             consumer warp, after its P V has read the values, or at once from a warpgroup
+//             whose rows end before the tile; the last tile is never released: nothing waits).
 // No CTA-wide barrier runs inside the loop, so the two consumers drift apart; named barriers
 // keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
 // a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
 // shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
 // O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
-// The producer gives registers back (setmaxnreg) so the consumers can hold S, O, P and Q.
+// The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
 
 #include "cuda/attention_common.cuh"
@@ -37,9 +38,17 @@ struct WgmmaConfig {
   static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
   static constexpr int kStages = kStagesArg;
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
-  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512 of the SM's 65,536 registers.
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
+  // thread at 384 threads). More would make setmaxnreg.inc wait forever.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    kThreads * kLaunchRegs,
+                "the consumers' registers must come from the producer's");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 &&
+                    kConsumerRegs <= 256,
+                "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kTileElems = kTile * kHeadDim;
   static constexpr uint32_t kTileBytes = kTileElems * sizeof(T);
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
@@ -64,11 +73,11 @@ struct WgmmaConfig {
 
   // Named barrier ids: consumers only (epilogue, Q), and one per consumer for the ping-pong.
   static constexpr int kConsumerBarrier = 1;
-  static constexpr int kSchedulerBarrier0 = 2;
+  static constexpr int kTurnBarrier0 = 2;
 };
 
-// The producer warpgroup's side of one stage: thread j resolves key j of the tile and publishes
-// it by shuffle inside its warp; each warp copies its own 32 keys, lanes taking 32-byte pairs of
+// The producer warpgroup's side of one stage: thread `key` resolves that key of the tile, stores
+// its warp's unmapped-key word and publishes the offset by shuffle inside its warp; each warp copies its own 32 keys, lanes taking 32-byte pairs of
 // 16-byte chunks (8 lanes per 256-byte row) into the 128-byte-swizzled stage.
 template <typename T, typename C, typename KV>
 struct KVTileProducer {
@@ -80,19 +89,20 @@ struct KVTileProducer {
   int kv_head;
   int begin;
   int end;
-  int j;  // this thread's key within a tile
+  int key;  // this thread's key within a tile
 
   __device__ __forceinline__ KVRow locate(int tile) const {
-    const int t = begin + tile * C::kTile + j;
+    const int t = begin + tile * C::kTile + key;
     return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
   }
 
-  // Copies `tile` (its keys' pages looked up in `row`) into its stage as cp.async copies.
+  // Copies `tile` (this thread's key looked up in `row`) into its stage as cp.async copies and
+  // stores the stage's mask word of this warp (bit k: key 32 warp + k is unmapped).
   __device__ __forceinline__ void issue(int tile, KVRow row) const {
-    const int lane = j % 32;
-    const int warp = j / 32;
+    const int lane = key % 32;
+    const int warp = key / 32;
     const int64_t offset = p.kv.offset(row, kv_head);
-    const bool unmapped = offset < 0 && begin + tile * C::kTile + j < end;
+    const bool unmapped = offset < 0 && begin + tile * C::kTile + key < end;
     const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
     const int stage = tile % C::kStages;
     if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
@@ -102,11 +112,11 @@ struct KVTileProducer {
     T* v_stage = v_ring + stage * C::kTileElems;
 #pragma unroll
     for (int pass = 0; pass < 8; ++pass) {
-      const int key = 4 * pass + lane / 8;  // within this warp's 32 keys
-      const int64_t off = __shfl_sync(0xffffffffu, offset, key);
+      const int row = 4 * pass + lane / 8;  // within this warp's 32 keys
+      const int64_t off = __shfl_sync(0xffffffffu, offset, row);
       const bool valid = off >= 0;
       const int64_t src = valid ? off + chunk * 8 : 0;
-      const int row_in_tile = 32 * warp + key;
+      const int row_in_tile = 32 * warp + row;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int dst = swizzle128_position<C::kTile>(row_in_tile, chunk + c);
@@ -118,7 +128,7 @@ struct KVTileProducer {
 };
 
 template <typename T, int kStages, typename KV>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
   using C = WgmmaConfig<T, kStages>;
   constexpr int kHeadDim = C::kHeadDim;
@@ -149,8 +159,15 @@ __global__ void __launch_bounds__(384, 1)
 
   if (tid >= C::kConsumerThreads) {  // producer
     release_registers<C::kProducerRegs>();
-    const KVTileProducer<T, C, KV> producer{p,           k_ring,    v_ring,      mask_words, w.b,
-                                            w.kv_head, range.begin, range.end, tid - C::kConsumerThreads};
+    const KVTileProducer<T, C, KV> producer{.p = p,
+                                            .k_ring = k_ring,
+                                            .v_ring = v_ring,
+                                            .mask_words = mask_words,
+                                            .b = w.b,
+                                            .kv_head = w.kv_head,
+                                            .begin = range.begin,
+                                            .end = range.end,
+                                            .key = tid - C::kConsumerThreads};
     KVRow next = producer.locate(0);
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int stage = tile % kStages;
@@ -161,7 +178,7 @@ __global__ void __launch_bounds__(384, 1)
       mbarrier_arrive_on_cp_async(&full[stage]);
       if (tid % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
     }
-    cp_async_wait<0>();
+    cp_async_wait_all();  // no copy outlives its thread (the consumers wait on them anyway)
     return;
   }
 
@@ -202,8 +219,8 @@ __global__ void __launch_bounds__(384, 1)
     return ((tile % kStages) * C::kTileBytes) >> 4;
   };
   // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
-  const int my_turn = C::kSchedulerBarrier0 + group;
-  const int other_turn = C::kSchedulerBarrier0 + 1 - group;
+  const int my_turn = C::kTurnBarrier0 + group;
+  const int other_turn = C::kTurnBarrier0 + 1 - group;
   if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
   float o[C::kOutBlocks][4] = {};
@@ -211,7 +228,7 @@ __global__ void __launch_bounds__(384, 1)
   float d[2] = {};
   uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
   bool has_p = false;
-  auto release = [&](int tile) {
+  auto release_stage = [&](int tile) {
     if (lane == 0) mbarrier_arrive(&empty[tile % kStages]);
   };
   // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
@@ -239,12 +256,12 @@ __global__ void __launch_bounds__(384, 1)
     const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 
     // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
-    // wait: ptxas serialises every wgmma (C7514 / C7518) when it cannot prove an accumulator
-    // untouched between issue and wait on every path.
+    // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
+    // cannot prove an accumulator untouched between issue and wait on every path.
     named_barrier_sync(my_turn, C::kConsumerThreads);
     if (compute) {
-      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 bytes into
-      // the 128-byte rows of column block ds / 4.
+      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
+      // bytes into the 128-byte rows of column block ds / 4.
       float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
       wgmma_fence();
 #pragma unroll
@@ -275,7 +292,7 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_wait<0>();
       fence_registers(o);
       fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
-      if (has_p) release(i - 1);
+      if (has_p) release_stage(i - 1);
       // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
       // a row's first tiles.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
@@ -288,11 +305,11 @@ __global__ void __launch_bounds__(384, 1)
         pass_turn(i);
         wgmma_wait<0>();
         fence_registers(o);
-        release(i - 1);
+        release_stage(i - 1);
       } else {
         pass_turn(i);
       }
-      release(i);  // not read by this warpgroup
+      release_stage(i);  // not read by this warpgroup
       has_p = false;
     }
   }

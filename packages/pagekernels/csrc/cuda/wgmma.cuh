@@ -1,10 +1,11 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernels (attention_wgmma*.cuh): shared
+// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel (attention_wgmma.cuh): shared
 // memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and
 // m64n128k16 with A from registers (RS) or from shared memory (SS), B from shared memory.
 //
-// Layout of every shared operand (K and V tiles): 64-element column blocks of [rows][64]
-// elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8) (CUTLASS's
-// Swizzle<3,4,3>), each block starting on a 1024-byte boundary. The same bytes serve as
+// Layout of every shared operand (the Q tile, K and V tiles): 64-element column blocks of
+// [rows][64] elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
+// (CUTLASS's Swizzle<3,4,3>), each block starting on a 1024-byte boundary. The same bytes serve as
+//   K-major A (Q K^T: A = Q, rows = queries, contiguous = head dim),
 //   K-major B (Q K^T: B = K^T, rows = keys, contiguous = head dim), and
 //   MN-major B (P V: B = V, rows = keys, contiguous = head dim, transpose-B = 1).
 // Register fragments and accumulators have mma.sync's m16n8k16 layout per warp: warp w of the
@@ -45,7 +46,8 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void* start, uint32_t 
   return desc;
 }
 
-// Makes this thread's generic-proxy shared writes (cp.async included) visible to wgmma.
+// Orders the generic-proxy shared writes that happen before this point (this thread's, or others'
+// acquired through a barrier, cp.async copies included) before later wgmma (async-proxy) reads.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
