@@ -177,8 +177,10 @@ def _sdpa_oracle(
     *,
     scale: float,
     causal: bool,
+    hidden: mx.array | None = None,
 ) -> mx.array:
-    """MLX's SDPA on dense K/V `[B, Hkv, S, D]` with a boolean mask for key_lens (+ causal)."""
+    """MLX's SDPA on dense K/V `[B, Hkv, S, D]` with a boolean mask for key_lens (+ causal, and
+    minus the keys where `hidden` `[B, S]` is True)."""
     B, _, L, _ = queries.shape
     S = keys.shape[2]
     lens = mx.array(list(key_lens))[:, None, None, None]
@@ -186,6 +188,8 @@ def _sdpa_oracle(
     visible = key_pos < lens
     if causal:
         visible = visible & (key_pos <= mx.arange(L)[None, None, :, None] + lens - L)
+    if hidden is not None:
+        visible = visible & ~hidden[:, None, None, :]
     return mx.fast.scaled_dot_product_attention(
         queries, keys, values, scale=scale, mask=visible, stream=mx.cpu
     )
@@ -193,6 +197,6 @@ def _sdpa_oracle(
 
 @pytest.fixture
 def sdpa_oracle() -> Callable[..., mx.array]:
-    """`sdpa_oracle(q, k, v, key_lens, *, scale, causal)`: MLX SDPA (tests only), rows that see
-    at least one key."""
+    """`sdpa_oracle(q, k, v, key_lens, *, scale, causal, hidden=None)`: MLX SDPA (tests only),
+    rows that see at least one key."""
     return _sdpa_oracle

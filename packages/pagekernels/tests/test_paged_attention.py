@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -51,6 +53,53 @@ def test_matches_reference_and_sdpa(
         case.key_pages, case.value_pages, case.block_table, case.context_lens, page_size
     )
     sdpa = sdpa_oracle(case.queries, keys, values, contexts, scale=D**-0.5, causal=causal)
+    assert_close(out, sdpa)
+
+
+# (contexts, Hq, Hkv, L, D, page_size, dtype): the decode schedule, 128-row prefill tiles (on
+# the H200 the wgmma kernel: L * G > 64, D = 128, 16-bit; at page 128 a whole key tile hidden)
+# and the float32 kernels.
+HOLE_CASES = [
+    ([300, 700], 8, 2, 1, 128, 16, mx.bfloat16),
+    ([300, 700], 32, 8, 40, 128, 16, mx.bfloat16),
+    ([300, 700], 32, 8, 40, 128, 128, mx.float16),
+    ([300, 700], 4, 2, 9, 64, 16, mx.float32),
+]
+
+
+@pytest.mark.parametrize(
+    ("contexts", "hq", "hkv", "L", "D", "page_size", "dtype"),
+    HOLE_CASES,
+    ids=[f"L{c[3]}_ps{c[5]}_{str(c[6]).split('.')[-1]}" for c in HOLE_CASES],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_unmapped_pages_inside_the_context_are_not_seen(
+    device, make_paged, assert_close, poison_allocator, sdpa_oracle,
+    contexts, hq, hkv, L, D, page_size, dtype, causal,
+):  # fmt: skip
+    """A block-table entry inside a context that is -1 or past the storage (out of contract)
+    hides that page's keys in every kernel; MLX SDPA with those keys masked is the oracle."""
+    case = make_paged(
+        contexts=contexts, num_q_heads=hq, num_kv_heads=hkv, query_len=L, head_dim=D,
+        page_size=page_size, dtype=dtype, seed=L + page_size,
+    )  # fmt: skip
+    holes = {(0, 1): -1, (1, 3): case.key_pages.shape[0] + 5}  # (row, logical page): entry
+    table = [list(row) for row in case.table]
+    hidden = np.zeros((len(contexts), len(table[0]) * page_size), dtype=bool)
+    for (row, page), entry in holes.items():
+        table[row][page] = entry
+        hidden[row, page * page_size : (page + 1) * page_size] = True
+    holed = dataclasses.replace(case, block_table=mx.array(table, dtype=mx.int32), table=table)
+    mask = "causal" if causal else None
+    poison_allocator(case.queries.shape, dtype)
+    out = paged_attention(*holed.args(), mask=mask, stream=device)
+    assert_close(out, reference.paged_attention(*holed.args(), mask=mask))
+
+    keys, values = reference.gather_kv(*case.args()[1:])
+    sdpa = sdpa_oracle(
+        case.queries, keys, values, contexts, scale=D**-0.5, causal=causal,
+        hidden=mx.array(hidden),
+    )  # fmt: skip
     assert_close(out, sdpa)
 
 

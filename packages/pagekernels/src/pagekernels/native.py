@@ -61,7 +61,9 @@ def paged_attention(
         queries: `[B, Hq, L, D]` float32, float16 or bfloat16.
         key_pages: `[P, Hkv, page_size, D]`, the queries' dtype.
         value_pages: `[P, Hkv, page_size, D]`, the queries' dtype.
-        block_table: int32 `[B, max_pages]`, physical page ids, -1 for unused entries.
+        block_table: int32 `[B, max_pages]`, physical page ids, -1 for unused entries. An entry
+            inside the context that is -1 or past the storage (out of contract: pagepool never
+            writes one) hides its keys: they are not attended to.
         context_lens: int32 `[B]`, keys per row (including the L new ones); 0 for an empty row.
         page_size: Tokens per page; must equal `key_pages.shape[2]`.
         scale: Score scale; None means `D ** -0.5`.

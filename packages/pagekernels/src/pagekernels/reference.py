@@ -64,6 +64,13 @@ DECODER_LAYER_TOLERANCE: dict[mx.Dtype, float] = {
 }
 
 
+def _mapped_keys(block_table: mx.array, num_pages: int, page_size: int) -> mx.array:
+    """`[B, max_pages * page_size]`: whether each logical key's page entry names a stored page."""
+    positions = mx.arange(block_table.shape[1] * page_size)
+    page_of_position = block_table[:, positions // page_size]
+    return (page_of_position >= 0) & (page_of_position < num_pages)
+
+
 def gather_kv(
     key_pages: mx.array,
     value_pages: mx.array,
@@ -79,9 +86,7 @@ def gather_kv(
     P, Hkv, _, D = key_pages.shape
     B, max_pages = block_table.shape
     positions = mx.arange(max_pages * page_size)
-    page_of_position = block_table[:, positions // page_size]  # [B, S]
-    mapped = (page_of_position >= 0) & (page_of_position < P)
-    live = mapped & (positions[None, :] < context_lens[:, None])  # [B, S]
+    live = _mapped_keys(block_table, P, page_size) & (positions[None, :] < context_lens[:, None])
     page_ids = mx.where((block_table >= 0) & (block_table < P), block_table, 0)
 
     def dense(pages: mx.array) -> mx.array:
@@ -106,6 +111,20 @@ def dense_attention(
     Returns:
         `[B, Hq, L, D]` in the queries' dtype; rows that see no key are zeros.
     """
+    return _attention(queries, keys, values, scale=scale, mask=mask, key_lens=key_lens)
+
+
+def _attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float | None,
+    mask: Literal["causal"] | None,
+    key_lens: mx.array | None,
+    key_mask: mx.array | None = None,
+) -> mx.array:
+    """`dense_attention`, where keys with `key_mask[b, s]` False (`[B, S]`) are not seen either."""
     B, Hq, L, D = queries.shape
     _, Hkv, S, _ = keys.shape
     scale = D**-0.5 if scale is None else scale
@@ -115,6 +134,8 @@ def dense_attention(
     query_pos = mx.arange(L)[:, None]  # [L, 1]
     row_lens = lens[:, None, None]  # [B, 1, 1]
     visible = key_pos[None] < row_lens  # [B, 1, S]
+    if key_mask is not None:
+        visible = visible & key_mask[:, None, :]
 
     # Keys past key_lens are not part of the row (whatever the buffer holds there).
     live = visible[:, :, :, None]  # [B, 1, S, 1]
@@ -152,7 +173,12 @@ def paged_attention(
         `[B, Hq, L, D]` in the queries' dtype.
     """
     keys, values = gather_kv(key_pages, value_pages, block_table, context_lens, page_size)
-    return dense_attention(queries, keys, values, scale=scale, mask=mask, key_lens=context_lens)
+    # A key whose page entry is -1 or out of storage (out of contract below context_lens) is
+    # not seen, as in the kernels, rather than seen as a zero key.
+    mapped = _mapped_keys(block_table, key_pages.shape[0], page_size)
+    return _attention(
+        queries, keys, values, scale=scale, mask=mask, key_lens=context_lens, key_mask=mapped
+    )
 
 
 def write_kv(
