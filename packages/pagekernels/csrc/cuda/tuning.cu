@@ -1,5 +1,6 @@
 // Process-wide kernel knobs declared in tuning.h.
 #include <atomic>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -45,7 +46,7 @@ void set_decode_tensor_cores(bool enabled) { g_decode_tensor_cores = enabled; }
 bool decode_tensor_cores() { return g_decode_tensor_cores; }
 
 void set_prefill_kernel(const std::string& name) {
-  for (int i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < std::size(kPrefillKernelNames); ++i) {
     if (name == kPrefillKernelNames[i]) {
       g_prefill_kernel = static_cast<PrefillKernel>(i);
       return;
@@ -55,7 +56,9 @@ void set_prefill_kernel(const std::string& name) {
                               name + "'");
 }
 
-std::string prefill_kernel_name() { return kPrefillKernelNames[static_cast<int>(g_prefill_kernel.load())]; }
+std::string prefill_kernel_name() {
+  return kPrefillKernelNames[static_cast<int>(g_prefill_kernel.load())];
+}
 
 PrefillKernel prefill_kernel() { return g_prefill_kernel; }
 
