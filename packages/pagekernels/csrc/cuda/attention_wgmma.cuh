@@ -77,8 +77,9 @@ struct WgmmaConfig {
 };
 
 // The producer warpgroup's side of one stage: thread `key` resolves that key of the tile, stores
-// its warp's unmapped-key word and publishes the offset by shuffle inside its warp; each warp copies its own 32 keys, lanes taking 32-byte pairs of
-// 16-byte chunks (8 lanes per 256-byte row) into the 128-byte-swizzled stage.
+// its warp's unmapped-key word and publishes the offset by shuffle inside its warp; each warp
+// copies its own 32 keys, lanes taking 32-byte pairs of 16-byte chunks (8 lanes per 256-byte
+// row) into the 128-byte-swizzled stage.
 template <typename T, typename C, typename KV>
 struct KVTileProducer {
   const AttentionParams<T, KV>& p;
@@ -107,12 +108,14 @@ struct KVTileProducer {
     const int stage = tile % C::kStages;
     if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
 
-    const int chunk = 2 * (lane % 8);
+    constexpr int kLanesPerRow = C::kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
+    constexpr int kRowsPerPass = 32 / kLanesPerRow;
+    const int chunk = 2 * (lane % kLanesPerRow);
     T* k_stage = k_ring + stage * C::kTileElems;
     T* v_stage = v_ring + stage * C::kTileElems;
 #pragma unroll
-    for (int pass = 0; pass < 8; ++pass) {
-      const int row = 4 * pass + lane / 8;  // within this warp's 32 keys
+    for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
+      const int row = kRowsPerPass * pass + lane / kLanesPerRow;  // within this warp's 32 keys
       const int64_t off = __shfl_sync(0xffffffffu, offset, row);
       const bool valid = off >= 0;
       const int64_t src = valid ? off + chunk * 8 : 0;
@@ -146,8 +149,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   const int tid = threadIdx.x;
   const CtaRows cta = cta_rows(p, C::kRows);
   const auto& [w, num_keys, row_begin, row_end, range] = cta;
-  const int num_tiles =
-      range.end > range.begin ? (range.end - range.begin + C::kTile - 1) / C::kTile : 0;
+  const int num_tiles = tile_count<C::kTile>(range.begin, range.end);
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -282,8 +284,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       }
       fence_registers(s);
       const uint32_t* words = mask_words + (i % kStages) * C::kMaskWords;
-      const bool unmapped = (words[0] | words[1] | words[2] | words[3]) != 0;
-      if (t0 + C::kTile > unmasked_end || unmapped) {
+      uint32_t any_unmapped = 0;
+#pragma unroll
+      for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
+      if (t0 + C::kTile > unmasked_end || any_unmapped != 0) {
         auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
         mask_scores(s, mapped, 0, t0, limit, lane);
       }

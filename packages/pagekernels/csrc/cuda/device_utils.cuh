@@ -82,6 +82,12 @@ __device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
   }
 }
 
+// Tiles of kTile keys that cover keys [begin, end); 0 when the range is empty.
+template <int kTile>
+__device__ __forceinline__ int tile_count(int begin, int end) {
+  return end > begin ? (end - begin + kTile - 1) / kTile : 0;
+}
+
 // ---- cp.async (sm_80+) ------------------------------------------------------------------------
 
 // 16-byte global -> shared copy that bypasses L1. valid == false writes 16 zero bytes and reads

@@ -80,7 +80,7 @@ struct KVRing {
         begin(begin_),
         end(end_),
         head_dim(head_dim_),
-        num_tiles(end_ > begin_ ? (end_ - begin_ + kTile - 1) / kTile : 0) {}
+        num_tiles(tile_count<kTile>(begin_, end_)) {}
 
   __device__ __forceinline__ static int position(int row, int chunk) {
     if constexpr (kLayout == TileLayout::kSwizzleRow) {
