@@ -161,10 +161,20 @@ def test_stats_count_only_the_tokens_reported() -> None:
         engine = _engine(ContextHashModel(), overlap=overlap)
         outputs = engine.generate(prompts, params)
         assert engine.stats.decode_tokens == sum(len(o.output_ids) - 1 for o in outputs)
-        engine.step()  # the discarded step still in flight: waited for, not counted
         stats[overlap] = (engine.stats.steps, engine.stats.decode_tokens)
         _assert_pool_empty(engine)
     assert stats[True] == stats[False]
+
+
+def test_a_step_launched_past_the_last_stop_token_is_dropped_at_once() -> None:
+    """When the last request stops, the step launched ahead for it is waited for and dropped
+    before `generate` returns, so nothing is left to raise at a later synchronisation."""
+    prompt = [3, 1, 4]
+    engine = _engine(ContextHashModel(), overlap=True)
+    [output] = engine.generate([prompt], [_stop_at_fifth_token(prompt)])
+    assert len(output.output_ids) == 5 and not engine.has_unfinished()
+    assert engine._loop._in_flight is None
+    _assert_pool_empty(engine)
 
 
 def _planning_fails(monkeypatch: pytest.MonkeyPatch, step: int, request_id: int) -> None:

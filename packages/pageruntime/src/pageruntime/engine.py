@@ -86,15 +86,14 @@ class Engine:
             overlap_decode=overlap_decode,
         )
         check_model(model)
-        self._model = model
         self._max_seq_len = model.max_seq_len
         self._vocab_size = model.vocab_size
         self._pool = PagePool(page_size, num_pages)
-        self._kv = model.make_kv_storage(self._pool)
-        check_kv_store(self._kv, self._pool)
-        self._runner = StepRunner(
+        kv = model.make_kv_storage(self._pool)
+        check_kv_store(kv, self._pool)
+        runner = StepRunner(
             model,
-            self._kv,
+            kv,
             sample_tokens if sampler is None else sampler,
             max_batch_size=max_batch_size,
             max_row_pages=min(pages_for(self._max_seq_len, page_size), num_pages),
@@ -106,9 +105,7 @@ class Engine:
             admission=AdmissionPolicy(admission),
             max_seq_len=self._max_seq_len,
         )
-        self._loop = StepLoop(
-            self._scheduler, self._runner, self._kv, overlap_decode=overlap_decode
-        )
+        self._loop = StepLoop(self._scheduler, runner, overlap_decode=overlap_decode)
         self._num_submitted = 0
 
     @property

@@ -41,6 +41,11 @@ class FinishReason(enum.StrEnum):
     FAILED = "failed"
     """The model, the sampler or the KV capacity failed it; the event carries the error."""
 
+    @property
+    def on_token(self) -> bool:
+        """Whether the request ended with a token it generated (stop, length, max_seq_len)."""
+        return self in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.MAX_SEQ_LEN)
+
 
 class RequestState(enum.StrEnum):
     """Where a request is in the engine."""

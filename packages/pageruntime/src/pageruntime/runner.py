@@ -156,8 +156,6 @@ class StepRunner:
     def collect(self, launched: LaunchedStep) -> StepOutcome:
         """The step's one host synchronisation: its sampled tokens and written storage."""
         outcome = StepOutcome(failures=list(launched.failures))
-        if launched.failures and not launched.kv_after:  # the copies failed: nothing ran
-            return outcome
         try:
             if launched.submit_error is not None:
                 raise launched.submit_error
@@ -176,6 +174,12 @@ class StepRunner:
             mx.eval(*launched.outputs)
         except Exception:  # the step's requests fail anyway; its error must not leak
             return
+
+    def discard(self, launched: LaunchedStep) -> None:
+        """Give up a launched step: the storage goes back to the arrays before it, and it is
+        drained."""
+        self._kv.restore(launched.kv_before)
+        self.drain(launched)
 
     def fail(self, launched: LaunchedStep, error: Exception) -> StepOutcome:
         """Give up on a launched step whose arrays failed to evaluate: every request of it

@@ -71,9 +71,7 @@ class StatsRecorder:
             step_times=tuple(self.step_times),
             peak_live_pages=pool.peak_live_pages,
             preemptions=preemptions,
-            requests_finished=ends[FinishReason.STOP]
-            + ends[FinishReason.LENGTH]
-            + ends[FinishReason.MAX_SEQ_LEN],
+            requests_finished=sum(n for reason, n in ends.items() if reason.on_token),
             requests_aborted=ends[FinishReason.ABORTED],
             requests_failed=ends[FinishReason.FAILED],
             pool=pool,

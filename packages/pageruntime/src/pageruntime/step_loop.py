@@ -27,15 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pageruntime.events import emit
-from pageruntime.protocols import KVStore
 from pageruntime.request import FinishReason, Request, RequestState, TokenEvent
 from pageruntime.runner import LaunchedStep, StepOutcome, StepRunner
 from pageruntime.scheduler import Scheduler, StepPlan
 from pageruntime.stats import StatsRecorder
 
 __all__ = ["StepLoop"]
-
-_TOKEN_ENDS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.MAX_SEQ_LEN)
 
 
 class StepLoop:
@@ -44,19 +41,15 @@ class StepLoop:
     Args:
         scheduler: Plans every step and owns every request's pages.
         runner: Runs a plan's model calls on the engine's storage.
-        kv: That storage (restored when a step is given up).
         overlap_decode: Launch a certain next decode step before collecting this one.
 
     Attributes:
         stats: The engine's counters.
     """
 
-    def __init__(
-        self, scheduler: Scheduler, runner: StepRunner, kv: KVStore, *, overlap_decode: bool
-    ) -> None:
+    def __init__(self, scheduler: Scheduler, runner: StepRunner, *, overlap_decode: bool) -> None:
         self._scheduler = scheduler
         self._runner = runner
-        self._kv = kv
         self._overlap_decode = overlap_decode
         self.stats = StatsRecorder()
         self._requests: dict[int, Request] = {}  # unfinished requests only
@@ -122,6 +115,8 @@ class StepLoop:
             events.append(self._add_token(request, token, step))
             progress.recorded.add(request.request_id)
         events += [self._ended(request) for request in ended_ahead]
+        if not self._requests:  # the last requests ended: nothing will collect the step ahead
+            self._in_flight = self._take_in_flight()
         self.stats.record_step(
             time.perf_counter() - progress.started,
             prefill_tokens=sum(len(work.token_ids) for work in plan.prefill),
@@ -136,8 +131,7 @@ class StepLoop:
         later), and the caller plans afresh, so a freed slot is admitted to at once."""
         launched, self._in_flight = self._in_flight, None
         if launched is not None and all(work.request.finished for work in launched.plan.works):
-            self._kv.restore(launched.kv_before)
-            self._runner.drain(launched)
+            self._runner.discard(launched)
             return None
         return launched
 
@@ -192,11 +186,9 @@ class StepLoop:
         launched, ahead = progress.launched, self._in_flight
         self._in_flight = None
         given_up = [ahead] if progress.collected else [launched, ahead]
-        given_up = [submitted for submitted in given_up if submitted is not None]
-        if given_up:
-            self._kv.restore(given_up[0].kv_before)
-        for submitted in given_up:
-            self._runner.drain(submitted)
+        # Latest first, so the storage ends at the arrays before the first step given up.
+        for submitted in reversed([s for s in given_up if s is not None]):
+            self._runner.discard(submitted)
         step = self.stats.steps if launched is None else launched.step
         this_step, *planned_ahead = progress.plans or [StepPlan()]
         broken = [
@@ -207,8 +199,8 @@ class StepLoop:
         # Ends whose report the exception cut short: a request that ended on a token
         # (stop, length, max_seq_len) reports it with its end.
         for request in [r for r in self._requests.values() if r.finished]:
-            ended_on_token = request.finish_reason in _TOKEN_ENDS
-            events.append(self._ended(request, request.output_ids[-1] if ended_on_token else None))
+            on_token = request.finish_reason.on_token
+            events.append(self._ended(request, request.output_ids[-1] if on_token else None))
         self._pending = events + self._pending
 
     def _fail(
@@ -274,7 +266,7 @@ class StepLoop:
 
 @dataclass(slots=True, kw_only=True)
 class _StepProgress:
-    """How far one `Engine._step` got, for giving it up cleanly if an exception escapes.
+    """How far one `StepLoop.step` got, for giving it up cleanly if an exception escapes.
 
     Attributes:
         started: `time.perf_counter()` at the step's start.
