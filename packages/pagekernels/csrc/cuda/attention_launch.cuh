@@ -109,16 +109,6 @@ KernelChoice<T, KV> wgmma_kernel() {
   return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
 }
 
-// The kernel of a 128-row prefill tile at D = 128 (tuning.h's prefill_kernel knob): wgmma on
-// sm_90 (1.47x faster than mma.sync at L = 4096, 1.09x at 1024 at aa433bb: docs/performance.md).
-template <typename T, typename KV>
-KernelChoice<T, KV> prefill128_kernel(Encoder& enc) {
-  if (prefill_kernel() == PrefillKernel::kMmaSync || !is_sm90(enc)) {
-    return mma_choice_for<T, 128, KV>(MmaLayout::kPrefill128);
-  }
-  return wgmma_kernel<T, KV>();
-}
-
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
 // rows at L = 1024 and 4096 on the H200); 64-row tiles waste less on short chunks.
 inline MmaLayout prefill_layout(int rows) {
@@ -152,10 +142,12 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   if constexpr (!std::is_same_v<T, float>) {
     if (tensor_cores) {
       const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
-      // D = 64 stays on mma.sync: its wgmma variant went wrong past the first key tile.
-      choice = layout == MmaLayout::kPrefill128 && s.head_dim == 128
-                   ? prefill128_kernel<T, KV>(enc)
-                   : mma_kernel<T, KV>(s.head_dim, layout);
+      // 128-row prefill tiles at D = 128 on sm_90 run on wgmma (1.47x faster than mma.sync at
+      // L = 4096, 1.09x at 1024: docs/performance.md) unless the prefill_kernel knob says
+      // mma_sync. D = 64 stays on mma.sync: its wgmma variant went wrong past the first tile.
+      const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
+                         prefill_kernel() != PrefillKernel::kMmaSync && is_sm90(enc);
+      choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);

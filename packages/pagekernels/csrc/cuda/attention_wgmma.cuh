@@ -133,6 +133,9 @@ struct KVTileProducer {
 template <typename T, int kStages, typename KV>
 __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // the compute_90 PTX (later GPUs) has no wgmma: the launcher picks it on 9.0 only
+#else
   using C = WgmmaConfig<T, kStages>;
   constexpr int kHeadDim = C::kHeadDim;
 
@@ -332,6 +335,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
   write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kConsumerThreads>(
       p, w, row_begin, row_end, scratch, stats);
+#endif
 }
 
 }  // namespace pagekernels::cuda

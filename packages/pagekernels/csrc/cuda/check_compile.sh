@@ -16,7 +16,7 @@ files=("$@")
 for f in "${files[@]}"; do
   name="$(basename "$f")"
   echo "== $name"
-  if ! nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -diag-suppress=997 -Xptxas -v \
+  if ! nvcc -std=c++20 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90 -O3 --expt-relaxed-constexpr -diag-suppress=997 -Xptxas -v \
       -I "$here/fmt_shim" -I "$csrc" -I "$mlx_include" -DPAGEKERNELS_WITH_CUDA \
       -c "$f" -o "$out/$name.o" >"$out/$name.log" 2>&1; then
     cat "$out/$name.log"

@@ -88,12 +88,17 @@ __device__ __forceinline__ int tile_count(int begin, int end) {
   return end > begin ? (end - begin + kTile - 1) / kTile : 0;
 }
 
+// The 32-bit shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // ---- cp.async (sm_80+) ------------------------------------------------------------------------
 
 // 16-byte global -> shared copy that bypasses L1. valid == false writes 16 zero bytes and reads
 // nothing (src-size 0), so masked rows can never bring NaN garbage into shared memory.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t dst = shared_address(smem);
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "r"(src_bytes));
@@ -117,14 +122,14 @@ __device__ __forceinline__ void cp_async_wait() {
 // ---- ldmatrix / mma.sync (sm_80+) -------------------------------------------------------------
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a = shared_address(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a = shared_address(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));

@@ -74,28 +74,23 @@ inline KernelInfo kernel_info(Encoder& enc, const void* kernel, int threads, siz
   return info;
 }
 
-// A cudaDeviceGetAttribute value of the encoder's device (cached).
-inline int device_attribute(Encoder& enc, cudaDeviceAttr attr) {
+inline int sm_count(Encoder& enc) {
   static std::mutex mutex;
-  static std::map<std::pair<int, cudaDeviceAttr>, int> cache;
+  static std::map<int, int> cache;
   const int device = enc.device().cuda_device();
   std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(device, attr);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  int value = 0;
-  check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
-  cache.emplace(key, value);
-  return value;
-}
-
-inline int sm_count(Encoder& enc) {
-  return device_attribute(enc, cudaDevAttrMultiProcessorCount);
+  if (auto it = cache.find(device); it != cache.end()) return it->second;
+  int count = 0;
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(multiprocessor count)");
+  cache.emplace(device, count);
+  return count;
 }
 
 // Compute capability 9.0 (H100/H200), the only one that runs sm_90a code (wgmma).
 inline bool is_sm90(Encoder& enc) {
-  return device_attribute(enc, cudaDevAttrComputeCapabilityMajor) == 9 &&
-         device_attribute(enc, cudaDevAttrComputeCapabilityMinor) == 0;
+  const auto& device = enc.device();
+  return device.compute_capability_major() == 9 && device.compute_capability_minor() == 0;
 }
 
 // Adds `kernel(args...)` as a node of the encoder's graph. Register the node's inputs and

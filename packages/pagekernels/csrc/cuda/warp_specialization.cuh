@@ -1,6 +1,6 @@
 // Synchronisation for warp-specialised kernels (sm_90a): shared-memory mbarriers that hand
 // pipeline stages between a producer and consumer warpgroups, named barriers among subsets of
-// the CTA, and the per-warpgroup register budget (setmaxnreg).
+// the CTA, and the per-warpgroup register budget (setmaxnreg, sm_90a only).
 //
 // An mbarrier completes a phase when its expected number of arrivals has arrived; waiters name
 // the phase they wait for by its parity (phase k of a barrier used once per pipeline round k).
@@ -8,11 +8,9 @@
 
 #include <cstdint>
 
-namespace pagekernels::cuda {
+#include "cuda/device_utils.cuh"
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace pagekernels::cuda {
 
 // One thread initialises; the CTA synchronises (__syncthreads) before any use.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
@@ -64,16 +62,12 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // up to kRegs per thread (all four warps of the warpgroup execute it).
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
 }
 
 template <int kRegs>
 __device__ __forceinline__ void claim_registers() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
 }
 
 }  // namespace pagekernels::cuda

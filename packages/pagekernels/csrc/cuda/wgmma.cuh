@@ -1,6 +1,7 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill kernel (attention_wgmma.cuh): shared
-// memory matrix descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and
-// m64n128k16 with A from registers (RS) or from shared memory (SS), B from shared memory.
+// Hopper warpgroup MMA (wgmma) for the prefill kernel (attention_wgmma.cuh), sm_90a only: the
+// kernel guards its body for other targets. Shared memory matrix descriptors for the 128-byte
+// swizzle, the fence / commit / wait protocol, and m64n128k16 with A from registers (RS) or
+// from shared memory (SS), B from shared memory.
 //
 // Layout of every shared operand (the Q tile, K and V tiles): 64-element column blocks of
 // [rows][64] elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
@@ -18,6 +19,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "cuda/device_utils.cuh"
 
 namespace pagekernels::cuda {
 
@@ -38,7 +41,7 @@ __device__ __forceinline__ int swizzle128_position(int row, int chunk) {
 // stride byte offsets (all >> 4) and the 128-byte swizzle mode (1 in bits 62-63).
 __device__ __forceinline__ uint64_t smem_descriptor(const void* start, uint32_t leading_bytes,
                                                     uint32_t stride_bytes) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(start));
+  const uint32_t addr = shared_address(start);
   uint64_t desc = (addr & 0x3FFFF) >> 4;
   desc |= static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16;
   desc |= static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
@@ -52,7 +55,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -65,15 +67,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-#else
-// The compute_90 PTX (later GPUs) has no wgmma; the launcher never picks a wgmma kernel there.
-__device__ __forceinline__ void wgmma_fence() { __trap(); }
-__device__ __forceinline__ void wgmma_commit() { __trap(); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  __trap();
-}
-#endif
 
 // The compiler does not know that wgmma reads its A registers and writes its accumulators
 // asynchronously: fence_registers pins every access to an array after the preceding wgmma_wait
@@ -134,16 +127,12 @@ __device__ __forceinline__ void fence_registers(R (&regs)[N][4]) {
 template <typename T, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&acc)[16][4], const uint32_t (&a)[4],
                                          uint64_t desc_b, int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
   if constexpr (std::is_same_v<T, __half>) {
     PAGEKERNELS_WGMMA_RS_128("f16");
   } else {
     PAGEKERNELS_WGMMA_RS_128("bf16");
   }
-#else
-  __trap();  // compute_90 PTX: see wgmma_fence
-#endif
 }
 
 // acc (64 x 128, fp32) = (scale_d ? acc : 0) + A (64 x 16) * B (16 x 128), both K-major in
@@ -151,16 +140,12 @@ __device__ __forceinline__ void wgmma_rs(float (&acc)[16][4], const uint32_t (&a
 template <typename T>
 __device__ __forceinline__ void wgmma_ss(float (&acc)[16][4], uint64_t desc_a, uint64_t desc_b,
                                          int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
   if constexpr (std::is_same_v<T, __half>) {
     PAGEKERNELS_WGMMA_SS_128("f16");
   } else {
     PAGEKERNELS_WGMMA_SS_128("bf16");
   }
-#else
-  __trap();  // compute_90 PTX: see wgmma_fence
-#endif
 }
 
 #undef PAGEKERNELS_WGMMA_SS_128
