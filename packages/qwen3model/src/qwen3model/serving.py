@@ -201,9 +201,10 @@ class _TimedModel:
         self.model = model
         self.overlapped = overlapped
         self.prefill_s = 0.0
-        self.decode_times: list[float] = []
-        self.decode_rows: list[int] = []  # live (unpadded) rows of each decode call
-        self.decode_periods: list[float] = []
+        self.decode_times: list[float] = []  # synchronised decode calls (not overlapped)
+        self.decode_rows: list[int] = []  # live (unpadded) rows of each of those calls
+        self.decode_periods: list[float] = []  # between consecutive decode calls' starts
+        self.period_rows: list[int] = []  # live rows of the call each period starts with
         self.max_tail_waste = 0
         self.pool: PagePool | None = None
         self.kv: KVStorage | DenseKVStore | None = None
@@ -224,24 +225,24 @@ class _TimedModel:
     def step(
         self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
     ) -> mx.array:
-        rows = sum(n > 0 for n in metadata.context_lens_host)
-        if metadata.query_len == 1:
-            self._record_period(rows)
-        else:
+        if metadata.query_len > 1:
             self._last_decode = None  # a prefill call ends the run of decode-only steps
-        if self.overlapped and metadata.query_len == 1:
+            if self.overlapped:
+                mx.eval(kv.step_arrays())  # the decode call launched before this one
+            start = time.perf_counter()
+            logits = self._step_and_track(tokens, metadata, kv)
+            mx.eval(logits, *kv.step_arrays())
+            self.prefill_s += time.perf_counter() - start
+            return logits
+        rows = sum(n > 0 for n in metadata.context_lens_host)
+        self._record_period(rows)
+        if self.overlapped:  # timed by its period only: waiting here would undo the overlap
             return self._step_and_track(tokens, metadata, kv)
-        if self.overlapped:
-            mx.eval(kv.step_arrays())  # the decode call launched before this one
         start = time.perf_counter()
         logits = self._step_and_track(tokens, metadata, kv)
         mx.eval(logits, *kv.step_arrays())
-        elapsed = time.perf_counter() - start
-        if metadata.query_len == 1:
-            self.decode_times.append(elapsed)
-            self.decode_rows.append(rows)
-        else:
-            self.prefill_s += elapsed
+        self.decode_times.append(time.perf_counter() - start)
+        self.decode_rows.append(rows)
         return logits
 
     def _record_period(self, rows: int) -> None:
@@ -249,9 +250,7 @@ class _TimedModel:
         if self._last_decode is not None:
             previous_start, previous_rows = self._last_decode
             self.decode_periods.append(now - previous_start)
-            if self.overlapped:  # overlapped decode calls are timed by their period only
-                self.decode_times.append(now - previous_start)
-                self.decode_rows.append(previous_rows)
+            self.period_rows.append(previous_rows)
         self._last_decode = (now, rows)
 
     def _step_and_track(
@@ -328,7 +327,12 @@ def run_variant(
         label += "+compile"
     if overlap_decode:
         label += "+overlap"
-    rows = timed.decode_rows
+    # Overlapped decode calls are not synchronised one by one: their periods time them.
+    times, rows = (
+        (timed.decode_periods, timed.period_rows)
+        if overlap_decode
+        else (timed.decode_times, timed.decode_rows)
+    )
     return ServingResult(
         variant=label,
         num_requests=len(requests),
@@ -337,9 +341,9 @@ def run_variant(
         wall_s=wall,
         prefill_tokens_per_s=stats.prefill_tokens / max(timed.prefill_s, 1e-9),
         output_tokens_per_s=output_tokens / wall,
-        decode_tokens_per_s=sum(rows) / max(sum(timed.decode_times), 1e-9),
+        decode_tokens_per_s=sum(rows) / max(sum(times), 1e-9),
         requests_per_s=len(requests) / wall,
-        decode_step_ms=_median_p95_max(timed.decode_times),
+        decode_step_ms=_median_p95_max(times),
         decode_period_ms=_median_p95_max(timed.decode_periods),
         peak_kv_bytes=peak_kv,
         copied_bytes=model.copied_bytes - copied_before,
