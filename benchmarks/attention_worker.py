@@ -183,9 +183,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     mx.set_default_device(mx.gpu if cfg.device == "gpu" else mx.cpu)
     backend, reference = get_backend(cfg.backend), get_backend(cfg.reference)
     if cfg.decode_splits or cfg.prefill_kernel != "auto":
-        from pagekernels import _ext
+        from pagekernels import _ext, with_cuda
 
-        if not getattr(_ext, "with_cuda", False):
+        if not with_cuda:
             raise SystemExit(
                 "--decode-splits and --prefill-kernel need pagekernels built with "
                 "PAGEKERNELS_CUDA=1"

@@ -193,9 +193,9 @@ def _split_sweep(
     `kernel_trace`, also the step's GPU time in the attention and split-merge kernels."""
     if not counts:
         return {}
-    from pagekernels import _ext
+    from pagekernels import _ext, with_cuda
 
-    if not getattr(_ext, "with_cuda", False):
+    if not with_cuda:
         raise SystemExit("--attention-splits needs pagekernels built with PAGEKERNELS_CUDA=1")
     sweep = {}
     model.compile_decode = True
