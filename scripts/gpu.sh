@@ -9,8 +9,8 @@
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
-# Stages (default: build test bench serve mlxlm): build test bench prefill serve mlxlm admission
-# profile. .whl/ holds wheels the machine lacks
+# Stages (default: build test bench serve mlxlm): build test bench prefill prefill-profile serve
+# mlxlm admission profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,20 @@ if has_stage prefill; then
       --page-sizes 16 128 --prefill 1024 4096 --repeats "${PREFILL_REPEATS:-3}" \
       --prefill-kernel "$kernel" --json-output "$OUT/prefill-$kernel.json" \
       2>&1 | tee "$OUT/prefill-$kernel.log" | grep "prefill B"
+  done
+fi
+
+if has_stage prefill-profile; then
+  section "ncu: the 128-row prefill kernel, B = 1 causal, page 16 (one launch per case)"
+  for case in ${PREFILL_NCU_CASES:-1x4096x16x4096 1x1024x16x1024}; do
+    timeout 240 ncu --clock-control none --set full --import-source yes \
+      -k regex:"${PREFILL_NCU_KERNEL:-attention_wgmma}" -c 1 -o "$OUT/prefill-$case" \
+      python3 benchmarks/ncu_cases.py "$case" >"$OUT/prefill-$case.ncu.log" 2>&1
+    echo "ncu $case rc=$?"
+    ncu -i "$OUT/prefill-$case.ncu-rep" --page source --csv --print-source sass \
+      | gzip >"$OUT/prefill-$case-sass.csv.gz"
+    ncu -i "$OUT/prefill-$case.ncu-rep" --print-details all | gzip >"$OUT/prefill-$case-details.txt.gz"
+    zcat "$OUT/prefill-$case-details.txt.gz" | grep -E "^  [a-z_]+.*attention|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy" | head -n 8
   done
 fi
 
