@@ -88,6 +88,7 @@ if has_stage prefill-profile; then
       | gzip >"$OUT/prefill-$case-sass.csv.gz"
     ncu -i "$OUT/prefill-$case.ncu-rep" --print-details all | gzip >"$OUT/prefill-$case-details.txt.gz"
     zcat "$OUT/prefill-$case-details.txt.gz" | grep -E "^  [a-z_]+.*attention|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy" | head -n 8
+    rm -f "$OUT/prefill-$case.ncu-rep"  # tens of MB; the two extracts above carry what is read
   done
 fi
 
