@@ -3,8 +3,9 @@
 // that writes either the final row or a split-K partial.
 //
 // Rows: the G = Hq / Hkv query heads of one kv head are packed with the L query positions into
-// R = L * G rows, row r = l * G + g (query head kv_head * G + g, position l). A CTA owns a block
-// of consecutive packed rows of one (b, kv_head) and one split (a contiguous key chunk).
+// R = L * G rows, row r = l * G + g (query head kv_head * G + g, position l). A work item is a
+// block of consecutive packed rows of one (b, kv_head) and one split (a contiguous key chunk):
+// one CTA each, or a sequence of them per CTA in the persistent prefill kernel.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@ struct AttentionParams {
   float* partial_out;     // [B, Hq, L, num_splits, D] normalised partial rows (num_splits > 1)
   float* partial_lse;     // [B, Hq, L, num_splits] base-2 LSE of the scaled scores, -inf if empty
   KV kv;
+  int batch;              // B
   int num_q_heads;        // Hq
   int num_kv_heads;       // Hkv
   int group;              // G = Hq / Hkv
@@ -36,8 +38,6 @@ struct AttentionParams {
   bool causal;            // bottom-right aligned to each request's key count
 };
 
-// The CTA's coordinates: blockIdx.x = (b, kv_head, row block) with the row block fastest and
-// reversed, so causal prefill starts the row blocks with the most keys first; blockIdx.y = split.
 struct WorkItem {
   int b;
   int kv_head;
@@ -45,6 +45,8 @@ struct WorkItem {
   int split;
 };
 
+// One CTA per work item: blockIdx.x = (b, kv_head, row block) with the row block fastest and
+// reversed, so causal prefill starts the row blocks with the most keys first; blockIdx.y = split.
 template <typename P>
 __device__ __forceinline__ WorkItem work_item(const P& p) {
   int item = blockIdx.x;
@@ -52,6 +54,40 @@ __device__ __forceinline__ WorkItem work_item(const P& p) {
   item /= p.num_row_blocks;
   return {item / p.num_kv_heads, item % p.num_kv_heads, row_block, static_cast<int>(blockIdx.y)};
 }
+
+// Work items of the persistent kernels, numbered longest first for causal prefill: the row
+// block with the most keys for every (b, kv_head) and split, then the next row block. CTA c of
+// G takes item c in round 0, then alternately G - 1 - c and c of each next round of G items
+// (a snake), so the CTA that took the longest item of a round takes the shortest of the next.
+struct PersistentSchedule {
+  int num_items;
+
+  template <typename P>
+  __device__ __forceinline__ static int count(const P& p) {
+    return p.batch * p.num_kv_heads * p.num_row_blocks * p.num_splits;
+  }
+
+  __device__ __forceinline__ int rounds() const {
+    return (num_items + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  }
+
+  // This CTA's item in `round`, or -1 when the last round has none for it.
+  __device__ __forceinline__ int item(int round) const {
+    const int ctas = static_cast<int>(gridDim.x);
+    const int cta = static_cast<int>(blockIdx.x);
+    const int index = round * ctas + (round % 2 == 0 ? cta : ctas - 1 - cta);
+    return index < num_items ? index : -1;
+  }
+
+  template <typename P>
+  __device__ __forceinline__ static WorkItem work_item(const P& p, int index) {
+    const int split = index % p.num_splits;
+    index /= p.num_splits;
+    const int heads = p.batch * p.num_kv_heads;
+    const int bh = index % heads;
+    return {bh / p.num_kv_heads, bh % p.num_kv_heads, p.num_row_blocks - 1 - index / heads, split};
+  }
+};
 
 // Exclusive bound on the keys that query position l sees (same rule as the CPU kernels).
 __device__ __forceinline__ int row_key_limit(int l, int query_len, int num_keys, bool causal) {
@@ -96,8 +132,7 @@ struct CtaRows {
 };
 
 template <typename P>
-__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta) {
-  const WorkItem w = work_item(p);
+__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w) {
   const int num_keys = p.kv.num_keys(w.b);
   const int row_begin = w.row_block * rows_per_cta;
   const int row_end = min(row_begin + rows_per_cta, p.query_len * p.group);
@@ -112,6 +147,29 @@ __device__ __forceinline__ int64_t q_row_offset(const P& p, int b, int kv_head, 
          p.head_dim;
 }
 
+// Where packed row r of work item w goes: its row of `out` when unsplit, else its slot of the
+// fp32 partials (normalised row and LSE).
+template <typename T>
+struct RowOutput {
+  T* out;          // row start in p.out, nullptr when split
+  float* partial;  // row start in p.partial_out
+  float* lse;      // the slot in p.partial_lse
+
+  // The row's LSE in base 2 from its (m, d) (written once per row, split outputs only).
+  __device__ __forceinline__ void store_lse(const SoftmaxState& state) const {
+    *lse = state.d > 0.0f ? state.m + log2f(state.d) : -INFINITY;
+  }
+};
+
+template <typename T, typename KV>
+__device__ __forceinline__ RowOutput<T> row_output(const AttentionParams<T, KV>& p,
+                                                   const WorkItem& w, int r) {
+  const int64_t row = q_row_offset(p, w.b, w.kv_head, r);  // = row index * D
+  if (p.num_splits == 1) return {p.out + row, nullptr, nullptr};
+  const int64_t slot = (row / p.head_dim) * p.num_splits + w.split;
+  return {nullptr, p.partial_out + slot * p.head_dim, p.partial_lse + slot};
+}
+
 // Writes dims [d0, d0 + N) of packed row r: o_unnormalised / d to out when unsplit, else the
 // normalised fp32 partial (the thread with d0 == 0 also writes the row's LSE).
 template <typename T, int N, typename P>
@@ -120,18 +178,16 @@ __device__ __forceinline__ void write_row(const P& p, const WorkItem& w, int r, 
   const float inv = inverse_sum(state);
 #pragma unroll
   for (int i = 0; i < N; ++i) o[i] *= inv;
-  const int64_t row = q_row_offset(p, w.b, w.kv_head, r);  // = row index * D
-  if (p.num_splits == 1) {
-    store_float<T>(p.out + row + d0, o);
+  const RowOutput<T> dst = row_output(p, w, r);
+  if (dst.out != nullptr) {
+    store_float<T>(dst.out + d0, o);
     return;
   }
-  const int64_t slot = (row / p.head_dim) * p.num_splits + w.split;
-  float* dst = p.partial_out + slot * p.head_dim + d0;
 #pragma unroll
   for (int i = 0; i < N; i += 4) {
-    *reinterpret_cast<float4*>(dst + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+    *reinterpret_cast<float4*>(dst.partial + d0 + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
   }
-  if (d0 == 0) p.partial_lse[slot] = state.d > 0.0f ? state.m + log2f(state.d) : -INFINITY;
+  if (d0 == 0) dst.store_lse(state);
 }
 
 }  // namespace pagekernels::cuda

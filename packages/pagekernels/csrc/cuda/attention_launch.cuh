@@ -7,6 +7,7 @@
 //   everything else (float32, other D): attention_simt, D rounded up to 64/128/256.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -45,6 +46,7 @@ struct KernelChoice {
   size_t smem_bytes;
   int rows_per_cta;
   int key_tile;
+  bool persistent = false;  // one CTA per SM walks the work items (PersistentSchedule)
 };
 
 template <typename T, int kDimCap, int kRows, typename KV>
@@ -102,11 +104,12 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
-// Warp-specialised, 128-key tiles, 3 stages (225 KB of shared memory).
+// Warp-specialised and persistent, 128-key tiles, 3 stages (226 KB of shared memory).
 template <typename T, typename KV>
 KernelChoice<T, KV> wgmma_kernel() {
   using C = WgmmaConfig<T, 3>;
-  return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile};
+  return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile,
+          true};
 }
 
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
@@ -156,10 +159,11 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
 
   const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
   const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
+  const int64_t wave = int64_t{sm_count(enc)} * info.ctas_per_sm;
   // Prefill partials cost rows * splits * D * 8 bytes of traffic: split only to fill one wave.
   const SplitPlan plan =
-      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
-                  int64_t{sm_count(enc)} * info.ctas_per_sm, decode ? 2 : 1,
+      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile), wave,
+                  decode ? 2 : 1,
                   decode ? kMaxAutoDecodeSplits : kMaxSplits,
                   decode ? decode_num_splits() : prefill_num_splits());
 
@@ -170,6 +174,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   p.v = mx::gpu_ptr<T>(v);
   p.out = mx::gpu_ptr<T>(out);
   p.kv = kv;
+  p.batch = s.batch;
   p.num_q_heads = s.num_q_heads;
   p.num_kv_heads = s.num_kv_heads;
   p.group = group;
@@ -187,7 +192,10 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     enc.set_input_array(v);
     for (const mx::array* a : metadata) enc.set_input_array(*a);
   };
-  const dim3 grid(static_cast<unsigned>(work), static_cast<unsigned>(plan.num_splits));
+  const int64_t items = work * plan.num_splits;
+  const dim3 grid = choice.persistent
+                        ? dim3(static_cast<unsigned>(std::min(items, wave)))
+                        : dim3(static_cast<unsigned>(work), static_cast<unsigned>(plan.num_splits));
   if (plan.num_splits == 1) {
     register_inputs();
     enc.set_output_array(out);

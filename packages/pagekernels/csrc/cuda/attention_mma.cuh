@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
   const int lane = tid % 32;
   const int warp_q = (tid / 32) % kWarpsQ;
   const int warp_kv = (tid / 32) / kWarpsQ;
-  const CtaRows cta = cta_rows(p, C::kRows);
+  const CtaRows cta = cta_rows(p, C::kRows, work_item(p));
   const auto& [w, num_keys, row_begin, row_end, range] = cta;
   const typename C::Ring ring(smem + C::kQBytes, p.k, p.v, w.b, w.kv_head, range.begin,
                               range.end, kHeadDim);
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
 
   // Q tile in its own cp.async group, ahead of every K/V group.
   load_q_tile<C::kRows, kHeadDim, C::kThreads>(
-      p, cta, q_tile, [](int row, int chunk) { return C::Ring::position(row, chunk); });
+      p, cta, q_tile, [](int row, int chunk) { return C::Ring::position(row, chunk); }, tid);
 
   KVRow window[C::kAhead];
   UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;

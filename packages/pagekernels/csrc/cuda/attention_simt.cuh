@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(128)
   const int tx = tid % C::kLanes;
   const int ty = (tid / C::kLanes) % C::kRows;
   const int tz = tid / (C::kLanes * C::kRows);
-  const CtaRows cta = cta_rows(p, C::kRows);
+  const CtaRows cta = cta_rows(p, C::kRows, work_item(p));
   const auto& [w, num_keys, row_begin, row_end, range] = cta;
   const typename C::Ring ring(smem, p.k, p.v, w.b, w.kv_head, range.begin, range.end,
                               p.head_dim);

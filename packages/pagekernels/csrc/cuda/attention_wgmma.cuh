@@ -1,22 +1,31 @@
-// Hopper prefill kernel, warp-specialised (wgmma, sm_90a), for float16 and bfloat16 at D = 128:
-// the prefill schedule's 128-row tiles (L * G > 64 packed rows).
+// Hopper prefill kernel, warp-specialised and persistent (wgmma, sm_90a), for float16 and
+// bfloat16 at D = 128: the prefill schedule's 128-row tiles (L * G > 64 packed rows).
+//
+// One CTA per SM walks a sequence of work items (PersistentSchedule: longest first, snake order
+// across CTAs), so one item's prologue and epilogue overlap the next item's loads instead of
+// leaving the tensor cores idle between CTAs.
 //
 // CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
-// (producer) streams the 128-key K/V tiles into a ring of kStages stages and does every
-// block-table lookup and address calculation. Stages change hands through mbarriers:
+// (producer) resolves each item's rows, loads its Q tile and streams its 128-key K/V tiles into
+// a ring of kStages stages, doing every block-table lookup and address calculation. Buffers
+// change hands through mbarriers:
 //   full[s]   completes when the tile's copies have landed (each producer thread arrives once
 //             its cp.async copies complete, and each producer warp's lane 0 after storing the
 //             stage's unmapped-key words);
 //   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
 //             consumer warp, after its P V has read the values, or at once from a warpgroup
-//             whose rows end before the tile; the last tile is never released: nothing waits).
-// No CTA-wide barrier runs inside the loop, so the two consumers drift apart; named barriers
+//             whose rows end before the tile);
+//   q_full    completes when an item's Q tile has landed and its CtaRows are in shared memory
+//             (two slots, by item parity, so the consumers' epilogue can still read the last);
+//   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
+// No CTA-wide barrier runs inside the loops, so the two consumers drift apart; named barriers
 // keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
 // a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
 // shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
 // O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
-// The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
+// Outputs go from the accumulators straight to global memory (the ring is busy with the next
+// item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
 
 #include "cuda/attention_common.cuh"
@@ -55,23 +64,24 @@ struct WgmmaConfig {
   static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
   static constexpr int kScoreBlocks = kTile / 8;
   static constexpr int kOutBlocks = kHeadDim / 8;
-  static constexpr int kOutStride = kHeadDim + 8;  // fp32 epilogue rows, padded against conflicts
-  static constexpr int kMaskWords = kTile / 32;    // unmapped-key bits of a stage, one per key
+  static constexpr int kMaskWords = kTile / 32;  // unmapped-key bits of a stage, one per key
 
-  // Shared memory: K stages, V stages, the Q tile, per-stage mask words, the mbarriers.
+  // Shared memory: K stages, V stages, the Q tile, per-stage mask words, two work-item slots,
+  // the mbarriers (full[kStages], empty[kStages], q_full, q_empty).
   static constexpr size_t kKOffset = 0;
   static constexpr size_t kVOffset = kKOffset + size_t{kStages} * kTileBytes;
   static constexpr size_t kQOffset = kVOffset + size_t{kStages} * kTileBytes;
   static constexpr size_t kMaskOffset = kQOffset + size_t{kRows} * kHeadDim * sizeof(T);
-  static constexpr size_t kBarrierOffset = kMaskOffset + size_t{kStages} * kMaskWords * 4;
-  static constexpr size_t kLayoutBytes = kBarrierOffset + 2 * size_t{kStages} * 8;
+  static constexpr size_t kItemOffset = kMaskOffset + size_t{kStages} * kMaskWords * 4;
+  static constexpr size_t kBarrierOffset = kItemOffset + 2 * sizeof(CtaRows);
+  static constexpr size_t kLayoutBytes = kBarrierOffset + (2 * size_t{kStages} + 2) * 8;
   // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
   static constexpr size_t kSmemBytes = kLayoutBytes + kSwizzleAtomBytes;
-  static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
-  static_assert(kRows * (kOutStride + 2) * sizeof(float) <= kQOffset,
-                "epilogue scratch reuses the K/V ring");
+  static_assert(kItemOffset % alignof(CtaRows) == 0 && kBarrierOffset % 8 == 0,
+                "work items and mbarriers are aligned");
 
-  // Named barrier ids: consumers only (epilogue, Q), and one per consumer for the ping-pong.
+  // Named barrier ids: consumers only (Q with a folded scale), and one per consumer for the
+  // ping-pong.
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kTurnBarrier0 = 2;
 };
@@ -97,15 +107,14 @@ struct KVTileProducer {
     return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
   }
 
-  // Copies `tile` (this thread's key looked up in `row`) into its stage as cp.async copies and
+  // Copies `tile` (this thread's key looked up in `row`) into `stage` as cp.async copies and
   // stores the stage's mask word of this warp (bit k: key 32 warp + k is unmapped).
-  __device__ __forceinline__ void issue(int tile, KVRow row) const {
+  __device__ __forceinline__ void issue(int tile, int stage, KVRow row) const {
     const int lane = key % 32;
     const int warp = key / 32;
     const int64_t offset = p.kv.offset(row, kv_head);
     const bool unmapped = offset < 0 && begin + tile * C::kTile + key < end;
     const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
-    const int stage = tile % C::kStages;
     if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
 
     constexpr int kLanesPerRow = C::kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
@@ -146,42 +155,67 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   T* v_ring = reinterpret_cast<T*>(smem + C::kVOffset);
   T* q_tile = reinterpret_cast<T*>(smem + C::kQOffset);
   uint32_t* mask_words = reinterpret_cast<uint32_t*>(smem + C::kMaskOffset);
+  CtaRows* items = reinterpret_cast<CtaRows*>(smem + C::kItemOffset);  // [2], by item parity
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarrierOffset);
   uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;
+  uint64_t* q_empty = q_full + 1;
 
   const int tid = threadIdx.x;
-  const CtaRows cta = cta_rows(p, C::kRows);
-  const auto& [w, num_keys, row_begin, row_end, range] = cta;
-  const int num_tiles = tile_count<C::kTile>(range.begin, range.end);
+  const PersistentSchedule schedule{PersistentSchedule::count(p)};
+  const int rounds = schedule.rounds();
+  auto q_position = [](int row, int chunk) { return swizzle128_position<C::kRows>(row, chunk); };
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], C::kProducerThreads + C::kProducerThreads / 32);
       mbarrier_init(&empty[s], C::kConsumerThreads / 32);
     }
+    mbarrier_init(q_full, C::kProducerThreads + 1);
+    mbarrier_init(q_empty, C::kConsumerThreads / 32);
   }
   __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups run apart
 
+  // Both sides count the CTA's work items (the parity of q_full / q_empty, the slot in items)
+  // and its K/V tiles over all items (the stage and parity in the ring).
+  int items_done = 0;
+  int tiles_done = 0;
+
   if (tid >= C::kConsumerThreads) {  // producer
     release_registers<C::kProducerRegs>();
-    const KVTileProducer<T, C, KV> producer{.p = p,
-                                            .k_ring = k_ring,
-                                            .v_ring = v_ring,
-                                            .mask_words = mask_words,
-                                            .b = w.b,
-                                            .kv_head = w.kv_head,
-                                            .begin = range.begin,
-                                            .end = range.end,
-                                            .key = tid - C::kConsumerThreads};
-    KVRow next = producer.locate(0);
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      if (tile >= kStages) mbarrier_wait(&empty[stage], (tile / kStages - 1) & 1);
-      const KVRow row = next;
-      next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
-      producer.issue(tile, row);
-      mbarrier_arrive_on_cp_async(&full[stage]);
-      if (tid % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+    const int thread = tid - C::kConsumerThreads;
+    for (int round = 0; round < rounds; ++round) {
+      const int index = schedule.item(round);
+      if (index < 0) continue;
+      // The item's rows and Q, once the consumers are done with the previous item's Q.
+      const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
+      if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
+      if (thread == 0) items[items_done % 2] = cta;
+      load_q_tile<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, q_tile, q_position, thread);
+      mbarrier_arrive_on_cp_async(q_full);
+      if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
+
+      const KVTileProducer<T, C, KV> producer{.p = p,
+                                              .k_ring = k_ring,
+                                              .v_ring = v_ring,
+                                              .mask_words = mask_words,
+                                              .b = cta.w.b,
+                                              .kv_head = cta.w.kv_head,
+                                              .begin = cta.range.begin,
+                                              .end = cta.range.end,
+                                              .key = thread};
+      const int num_tiles = tile_count<C::kTile>(cta.range.begin, cta.range.end);
+      KVRow next = producer.locate(0);
+      for (int tile = 0; tile < num_tiles; ++tile, ++tiles_done) {
+        const int stage = tiles_done % kStages;
+        if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
+        const KVRow row = next;
+        next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
+        producer.issue(tile, stage, row);
+        mbarrier_arrive_on_cp_async(&full[stage]);
+        if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+      }
+      ++items_done;
     }
     cp_async_wait_all();  // no copy outlives its thread (the consumers wait on them anyway)
     return;
@@ -189,30 +223,12 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
 
   claim_registers<C::kConsumerRegs>();
   const int lane = tid % 32;
-  const int group = tid / 128;
+  // Warp-uniform to the compiler (a shuffle from lane 0), so the descriptors built from it live
+  // in uniform registers.
+  const int group = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int group_row0 = group * C::kGroupRows;              // this warpgroup's first row
   const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
-  const int unmasked_end = min(range.all_rows, range.end);
-
-  // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this warpgroup
-  // needs at all (its last row's limit).
-  int limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) limit[h] = cta.limit(p, row_begin + warp_row0 + lane / 4 + 8 * h);
-  const int group_last = min(row_begin + group_row0 + C::kGroupRows, row_end) - 1;
-  const int group_end = group_last >= row_begin + group_row0 ? cta.limit(p, group_last) : 0;
-
-  load_q_tile<C::kRows, kHeadDim, C::kConsumerThreads>(p, cta, q_tile, [](int row, int chunk) {
-    return swizzle128_position<C::kRows>(row, chunk);
-  });
   const float c = positive_scale(p.scale_log2);
-  cp_async_wait<0>();
-  if (p.scale_log2 <= 0.0f) {
-    named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
-    fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
-  }
-  fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
-  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
 
   // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
   // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
@@ -220,121 +236,145 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   // This warpgroup's 64 rows of Q, K-major like K (column blocks kRows rows apart).
   const uint64_t q_desc = smem_descriptor(q_tile + group_row0 * 64, 16, kSwizzleAtomBytes);
   const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
-  auto stage_offset = [](int tile) -> uint64_t {
-    return ((tile % kStages) * C::kTileBytes) >> 4;
-  };
-  // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
+  auto stage_offset = [](int seq) -> uint64_t { return ((seq % kStages) * C::kTileBytes) >> 4; };
   const int my_turn = C::kTurnBarrier0 + group;
   const int other_turn = C::kTurnBarrier0 + 1 - group;
-  if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
-  float o[C::kOutBlocks][4] = {};
-  float m[2] = {-INFINITY, -INFINITY};
-  float d[2] = {};
-  uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
-  bool has_p = false;
-  auto release_stage = [&](int tile) {
-    if (lane == 0) mbarrier_arrive(&empty[tile % kStages]);
-  };
-  // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
-  // waits for.
-  auto pass_turn = [&](int tile) {
-    if (group == 0 || tile + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
-  };
-  // O += P V of `tile` (asynchronous, one commit group): k step kb reads key rows 16 kb .. +15
-  // (two swizzle atoms); the n = 128 columns span two column blocks kTile rows apart.
-  auto issue_pv = [&](int tile) {
-    fence_registers(o);
-    fence_registers(pf);
-    wgmma_fence();
+  for (int round = 0; round < rounds; ++round) {
+    if (schedule.item(round) < 0) continue;
+    mbarrier_wait(q_full, items_done & 1);
+    const CtaRows& cta = items[items_done % 2];
+    const int begin = cta.range.begin;
+    const int num_tiles = tile_count<C::kTile>(begin, cta.range.end);
+    const int unmasked_end = min(cta.range.all_rows, cta.range.end);
+    // Key limits of this thread's rows g (h = 0) and g + 8 (h = 1), and the keys this
+    // warpgroup needs at all (its last row's limit).
+    int limit[2];
 #pragma unroll
-    for (int kb = 0; kb < C::kKeySteps; ++kb) {
-      wgmma_rs<T, 1>(o, pf[kb], v_desc + stage_offset(tile) + ((kb * 16 * 128) >> 4), 1);
+    for (int h = 0; h < 2; ++h) limit[h] = cta.limit(p, cta.row_begin + warp_row0 + lane / 4 + 8 * h);
+    const int group_last = min(cta.row_begin + group_row0 + C::kGroupRows, cta.row_end) - 1;
+    const int group_end = group_last >= cta.row_begin + group_row0 ? cta.limit(p, group_last) : 0;
+
+    if (p.scale_log2 <= 0.0f) {
+      fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
     }
-    wgmma_commit();
-  };
+    fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
+    if (p.scale_log2 <= 0.0f) named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
 
-  for (int i = 0; i < num_tiles; ++i) {
-    mbarrier_wait(&full[i % kStages], (i / kStages) & 1);
-    fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
-    const int t0 = range.begin + i * C::kTile;
-    const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
+    // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
+    if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
-    // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
-    // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
-    // cannot prove an accumulator untouched between issue and wait on every path.
-    named_barrier_sync(my_turn, C::kConsumerThreads);
-    if (compute) {
-      // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
-      // bytes into the 128-byte rows of column block ds / 4.
-      float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
+    float o[C::kOutBlocks][4] = {};
+    float m[2] = {-INFINITY, -INFINITY};
+    float d[2] = {};
+    uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
+    bool has_p = false;
+    auto release_stage = [&](int seq) {
+      if (lane == 0) mbarrier_arrive(&empty[seq % kStages]);
+    };
+    // After the item's last Q K^T (or its last tile, when it computes none) Q may be replaced.
+    auto release_q = [&](int i) {
+      if (i == num_tiles - 1 && lane == 0) mbarrier_arrive(q_empty);
+    };
+    // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
+    // waits for.
+    auto pass_turn = [&](int i) {
+      if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
+    };
+    // O += P V of tile `seq` (asynchronous, one commit group): k step kb reads key rows
+    // 16 kb .. +15 (two swizzle atoms); the n = 128 columns span two column blocks kTile rows
+    // apart.
+    auto issue_pv = [&](int seq) {
+      fence_registers(o);
+      fence_registers(pf);
       wgmma_fence();
 #pragma unroll
-      for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
-        const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
-        wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(i) + (k_offset >> 4),
-                    ds > 0);
+      for (int kb = 0; kb < C::kKeySteps; ++kb) {
+        wgmma_rs<T, 1>(o, pf[kb], v_desc + stage_offset(seq) + ((kb * 16 * 128) >> 4), 1);
       }
       wgmma_commit();
-      if (has_p) {
-        issue_pv(i - 1);
-        pass_turn(i);
-        wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
-      } else {
-        pass_turn(i);
-        wgmma_wait<0>();
-      }
-      fence_registers(s);
-      const uint32_t* words = mask_words + (i % kStages) * C::kMaskWords;
-      uint32_t any_unmapped = 0;
+    };
+
+    for (int i = 0; i < num_tiles; ++i) {
+      const int seq = tiles_done + i;
+      mbarrier_wait(&full[seq % kStages], (seq / kStages) & 1);
+      fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
+      const int t0 = begin + i * C::kTile;
+      const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
+
+      // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
+      // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
+      // cannot prove an accumulator untouched between issue and wait on every path.
+      named_barrier_sync(my_turn, C::kConsumerThreads);
+      if (compute) {
+        // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
+        // bytes into the 128-byte rows of column block ds / 4.
+        float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
-      if (t0 + C::kTile > unmasked_end || any_unmapped != 0) {
-        auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
-        mask_scores(s, mapped, 0, t0, limit, lane);
-      }
-      float alpha[2];
-      softmax_scores(s, m, d, c, alpha);
-      wgmma_wait<0>();
-      fence_registers(o);
-      fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
-      if (has_p) release_stage(i - 1);
-      // Skipped (warp-uniformly) when no row of the warp has a new max, the common case after
-      // a row's first tiles.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
+        for (int ds = 0; ds < C::kDimSteps; ++ds) {
+          const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
+          const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+          wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
+                      ds > 0);
+        }
+        wgmma_commit();
+        if (has_p) {
+          issue_pv(seq - 1);
+          pass_turn(i);
+          wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
+        } else {
+          pass_turn(i);
+          wgmma_wait<0>();
+        }
+        fence_registers(s);
+        release_q(i);
+        const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
+        uint32_t any_unmapped = 0;
 #pragma unroll
-      for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
-      has_p = true;
-    } else {  // this warpgroup's rows end before tile i: apply its last P, if any
-      if (has_p) {
-        issue_pv(i - 1);
-        pass_turn(i);
+        for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
+        if (t0 + C::kTile > unmasked_end || any_unmapped != 0) {
+          auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
+          mask_scores(s, mapped, 0, t0, limit, lane);
+        }
+        float alpha[2];
+        softmax_scores(s, m, d, c, alpha);
         wgmma_wait<0>();
         fence_registers(o);
-        release_stage(i - 1);
-      } else {
-        pass_turn(i);
+        fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
+        if (has_p) release_stage(seq - 1);
+        // Skipped (warp-uniformly) when no row of the warp has a new max, the common case
+        // after a row's first tiles.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
+#pragma unroll
+        for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
+        has_p = true;
+      } else {  // this warpgroup's rows end before tile i: apply its last P, if any
+        if (has_p) {
+          issue_pv(seq - 1);
+          pass_turn(i);
+          wgmma_wait<0>();
+          fence_registers(o);
+          release_stage(seq - 1);
+        } else {
+          pass_turn(i);
+        }
+        release_q(i);
+        release_stage(seq);  // not read by this warpgroup
+        has_p = false;
       }
-      release_stage(i);  // not read by this warpgroup
-      has_p = false;
     }
+    if (num_tiles == 0 && lane == 0) mbarrier_arrive(q_empty);
+    if (has_p) {
+      issue_pv(tiles_done + num_tiles - 1);
+      wgmma_wait<0>();
+      fence_registers(o);
+      release_stage(tiles_done + num_tiles - 1);
+    }
+    tiles_done += num_tiles;
+    store_fragment_rows<T>(p, cta, cta.row_begin + warp_row0, o, m, d, lane);
+    ++items_done;
   }
-  if (has_p) {
-    issue_pv(num_tiles - 1);
-    wgmma_wait<0>();
-    fence_registers(o);
-  }
-  // Every tile's copies have landed (each consumer waited on every full barrier) and every
-  // MMA is done: the ring is scratch from here on.
-  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
-
-  float* scratch = reinterpret_cast<float*>(smem);    // [kRows][kOutStride]
-  float* stats = scratch + C::kRows * C::kOutStride;  // [kRows][2]
-  park_rows<C::kOutBlocks, C::kOutStride>(scratch, stats, warp_row0, o, m, d, lane);
-  named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
-  write_parked_rows<T, kHeadDim, C::kRows, 1, C::kOutStride, C::kConsumerThreads>(
-      p, w, row_begin, row_end, scratch, stats);
 #endif
 }
 

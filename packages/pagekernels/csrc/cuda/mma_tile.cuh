@@ -31,12 +31,13 @@ __device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scal
 }
 
 // Copies the CTA's kRows packed query rows (zero rows past row_end) into q_tile as one
-// cp.async group; position(row, chunk) is where 16-byte chunk `chunk` of a row goes.
+// cp.async group, shared by kThreads threads (this one is number `thread`); position(row, chunk)
+// is where 16-byte chunk `chunk` of a row goes.
 template <int kRows, int kHeadDim, int kThreads, typename T, typename P, typename Position>
 __device__ __forceinline__ void load_q_tile(const P& p, const CtaRows& cta, T* q_tile,
-                                            Position position) {
+                                            Position position, int thread) {
   constexpr int kChunks = kHeadDim / 8;
-  for (int i = static_cast<int>(threadIdx.x); i < kRows * kChunks; i += kThreads) {
+  for (int i = thread; i < kRows * kChunks; i += kThreads) {
     const int row = i / kChunks;
     const int chunk = i % kChunks;
     const int r = cta.row_begin + row;
@@ -115,6 +116,37 @@ __device__ __forceinline__ void probabilities_fragment(const float (&s)[kBlocks]
   a[1] = pack2<T>(s[2 * kb][2], s[2 * kb][3]);
   a[2] = pack2<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]);
   a[3] = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+}
+
+// Epilogue straight from the accumulators, for kernels whose shared memory is busy past the main
+// loop: this lane's rows g and g + 8 of one 16-row tile (packed rows r0 + lane / 4 + 8 h) as
+// O / d, two columns per 8-column block (4-byte stores of 16-bit outputs, 8-byte fp32 partials).
+template <typename T, int kOutBlocks, typename KV>
+__device__ __forceinline__ void store_fragment_rows(const AttentionParams<T, KV>& p,
+                                                    const CtaRows& cta, int r0,
+                                                    const float (&o)[kOutBlocks][4],
+                                                    const float (&m)[2], const float (&d)[2],
+                                                    int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const SoftmaxState state{m[h], group_sum<4>(d[h])};
+    const int r = r0 + lane / 4 + 8 * h;
+    if (r >= cta.row_end) continue;
+    const float inv = inverse_sum(state);
+    const RowOutput<T> dst = row_output(p, cta.w, r);
+    const int col = 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      const float lo = o[n][2 * h] * inv;
+      const float hi = o[n][2 * h + 1] * inv;
+      if (dst.out != nullptr) {
+        *reinterpret_cast<uint32_t*>(dst.out + 8 * n + col) = pack2<T>(lo, hi);
+      } else {
+        *reinterpret_cast<float2*>(dst.partial + 8 * n + col) = make_float2(lo, hi);
+      }
+    }
+    if (dst.out == nullptr && lane % 4 == 0) dst.store_lse(state);
+  }
 }
 
 // Epilogue, step 1: parks this lane's (m, d, O) of one 16-row tile whose row g has slot `slot0`
