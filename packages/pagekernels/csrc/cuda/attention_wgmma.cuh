@@ -187,14 +187,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     for (int round = 0; round < rounds; ++round) {
       const int index = schedule.item(round);
       if (index < 0) continue;
-      // The item's rows and Q, once the consumers are done with the previous item's Q.
       const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
-      if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
-      if (thread == 0) items[items_done % 2] = cta;
-      load_q_tile<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, q_tile, q_position, thread);
-      mbarrier_arrive_on_cp_async(q_full);
-      if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
-
+      // Q waits for the consumers to finish with the previous item's Q: bring it into L2 now.
+      prefetch_q_rows<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, thread);
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,
@@ -206,7 +201,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
                                               .key = thread};
       const int num_tiles = tile_count<C::kTile>(cta.range.begin, cta.range.end);
       KVRow next = producer.locate(0);
-      for (int tile = 0; tile < num_tiles; ++tile, ++tiles_done) {
+      auto stream_tile = [&](int tile) {
         const int stage = tiles_done % kStages;
         if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
         const KVRow row = next;
@@ -214,7 +209,16 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         producer.issue(tile, stage, row);
         mbarrier_arrive_on_cp_async(&full[stage]);
         if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
-      }
+        ++tiles_done;
+      };
+      // The first tile's stage frees a tile before the previous item's Q does: stream it first.
+      if (num_tiles > 0) stream_tile(0);
+      if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
+      if (thread == 0) items[items_done % 2] = cta;
+      load_q_tile<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, q_tile, q_position, thread);
+      mbarrier_arrive_on_cp_async(q_full);
+      if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
+      for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
       ++items_done;
     }
     cp_async_wait_all();  // no copy outlives its thread (the consumers wait on them anyway)
