@@ -55,6 +55,7 @@ struct WgmmaConfig {
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     kThreads * kLaunchRegs,
                 "the consumers' registers must come from the producer's");
+  static_assert(kRows == kProducerThreads, "each producer thread resolves one row of Q");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 &&
                     kConsumerRegs <= 256,
                 "setmaxnreg takes multiples of 8 in [24, 256]");
@@ -86,10 +87,31 @@ struct WgmmaConfig {
   static constexpr int kTurnBarrier0 = 2;
 };
 
-// The producer warpgroup's side of one stage: thread `key` resolves that key of the tile, stores
-// its warp's unmapped-key word and publishes the offset by shuffle inside its warp; each warp
-// copies its own 32 keys, lanes taking 32-byte pairs of 16-byte chunks (8 lanes per 256-byte
-// row) into the 128-byte-swizzled stage.
+// How the producer's warps copy rows into 128-byte-swizzled [kRows][kHeadDim] tiles: warp w
+// copies rows 32 w .. 32 w + 31, lane l having resolved row 32 w + l to the element `offset` of
+// its source (< 0: zero-fill) and passing it on by shuffle; lanes take 32-byte pairs of 16-byte
+// chunks, 8 lanes per 256-byte row. copy(dst, src, valid) issues one chunk (dst and src are
+// element offsets).
+template <int kRows, int kHeadDim, typename T, typename Copy>
+__device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, Copy copy) {
+  constexpr int kLanesPerRow = kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  const int chunk = 2 * (lane % kLanesPerRow);
+#pragma unroll
+  for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
+    const int row = kRowsPerPass * pass + lane / kLanesPerRow;  // within this warp's 32 rows
+    const int64_t off = __shfl_sync(0xffffffffu, offset, row);
+    const bool valid = off >= 0;
+    const int64_t src = valid ? off + chunk * 8 : 0;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      copy(swizzle128_position<kRows>(32 * warp + row, chunk + c), src + c * 8, valid);
+    }
+  }
+}
+
+// The producer warpgroup's side of one stage: thread `key` resolves that key of the tile and
+// stores its warp's unmapped-key word; the warps copy the K and V rows (copy_warp_rows).
 template <typename T, typename C, typename KV>
 struct KVTileProducer {
   const AttentionParams<T, KV>& p;
@@ -116,26 +138,13 @@ struct KVTileProducer {
     const bool unmapped = offset < 0 && begin + tile * C::kTile + key < end;
     const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
     if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
-
-    constexpr int kLanesPerRow = C::kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
-    constexpr int kRowsPerPass = 32 / kLanesPerRow;
-    const int chunk = 2 * (lane % kLanesPerRow);
     T* k_stage = k_ring + stage * C::kTileElems;
     T* v_stage = v_ring + stage * C::kTileElems;
-#pragma unroll
-    for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
-      const int row = kRowsPerPass * pass + lane / kLanesPerRow;  // within this warp's 32 keys
-      const int64_t off = __shfl_sync(0xffffffffu, offset, row);
-      const bool valid = off >= 0;
-      const int64_t src = valid ? off + chunk * 8 : 0;
-      const int row_in_tile = 32 * warp + row;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int dst = swizzle128_position<C::kTile>(row_in_tile, chunk + c);
-        cp_async_16(k_stage + dst, p.k + src + c * 8, valid);
-        cp_async_16(v_stage + dst, p.v + src + c * 8, valid);
-      }
-    }
+    copy_warp_rows<C::kTile, C::kHeadDim, T>(offset, warp, lane,
+                                             [&](int dst, int64_t src, bool valid) {
+                                               cp_async_16(k_stage + dst, p.k + src, valid);
+                                               cp_async_16(v_stage + dst, p.v + src, valid);
+                                             });
   }
 };
 
@@ -164,7 +173,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   const int tid = threadIdx.x;
   const PersistentSchedule schedule{PersistentSchedule::count(p)};
   const int rounds = schedule.rounds();
-  auto q_position = [](int row, int chunk) { return swizzle128_position<C::kRows>(row, chunk); };
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -188,8 +196,15 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       const int index = schedule.item(round);
       if (index < 0) continue;
       const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
-      // Q waits for the consumers to finish with the previous item's Q: bring it into L2 now.
-      prefetch_q_rows<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, thread);
+      // Thread t copies Q row t (C::kRows == C::kProducerThreads). Q waits for the consumers to
+      // finish with the previous item's Q: bring it into L2 now.
+      const int q_row = cta.row_begin + thread;
+      const int64_t q_offset =
+          q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
+      if (q_offset >= 0) {
+        prefetch_l2(p.q + q_offset);
+        prefetch_l2(p.q + q_offset + kHeadDim / 2);  // the row's second 128-byte line
+      }
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,
@@ -215,7 +230,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       if (num_tiles > 0) stream_tile(0);
       if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
       if (thread == 0) items[items_done % 2] = cta;
-      load_q_tile<C::kRows, kHeadDim, C::kProducerThreads>(p, cta, q_tile, q_position, thread);
+      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32,
+                                            [&](int dst, int64_t src, bool valid) {
+                                              cp_async_16(q_tile + dst, p.q + src, valid);
+                                            });
       mbarrier_arrive_on_cp_async(q_full);
       if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
       for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);

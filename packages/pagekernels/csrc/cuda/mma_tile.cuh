@@ -48,20 +48,6 @@ __device__ __forceinline__ void load_q_tile(const P& p, const CtaRows& cta, T* q
   cp_async_commit();
 }
 
-// Brings the CTA's query rows into L2 ahead of load_q_tile, one row per thread of kThreads
-// (this one is number `thread`), so the copy that follows waits for L2 rather than DRAM.
-template <int kRows, int kHeadDim, int kThreads, typename P>
-__device__ __forceinline__ void prefetch_q_rows(const P& p, const CtaRows& cta, int thread) {
-  constexpr int kLineElems = 128 / sizeof(*p.q);
-  for (int row = thread; row < kRows; row += kThreads) {
-    const int r = cta.row_begin + row;
-    if (r >= cta.row_end) break;
-    const auto* src = p.q + q_row_offset(p, cta.w.b, cta.w.kv_head, r);
-#pragma unroll
-    for (int e = 0; e < kHeadDim; e += kLineElems) prefetch_l2(src + e);
-  }
-}
-
 // Masks the scores of keys key0 + [0, 8 * kBlocks) of a tile starting at key t0: a key drops out
 // when its page is unmapped (mapped(key) is false, key counted from t0) or it is at or past its
 // row's limit.
