@@ -104,12 +104,11 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
-// Warp-specialised and persistent, 128-key tiles: 2 K stages, 3 V stages, 2 Q buffers (226 KB
-// of shared memory).
+// Warp-specialised and persistent, 128-key tiles, 3 stages (226 KB of shared memory).
 template <typename T, typename KV>
 KernelChoice<T, KV> wgmma_kernel() {
-  using C = WgmmaConfig<T, 2, 3>;
-  return {&attention_wgmma_kernel<T, 2, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile,
+  using C = WgmmaConfig<T, 3>;
+  return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile,
           true};
 }
 

@@ -6,29 +6,26 @@
 // leaving the tensor cores idle between CTAs.
 //
 // CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
-// (producer) resolves each item's rows, loads its Q tile into one of two Q buffers and streams
-// its 128-key tiles, K into a ring of kKStages stages and V into one of kVStages, doing every
-// block-table lookup and address calculation. Buffers change hands through mbarriers:
-//   k_full[s]  completes when the tile's K copies have landed (each producer thread arrives once
-//              its cp.async copies complete, and each producer warp's lane 0 after storing the
-//              stage's unmapped-key words); v_full[s] the same for V (copies only);
-//   k_empty[s] completes when both consumer warpgroups are done with the K tile: one arrival
-//              per consumer warp once its Q K^T has completed (or at once from a warpgroup whose
-//              rows end before the tile); v_empty[s] the same for V, after P V;
-//   q_full[b]  completes when an item's Q tile has landed and its CtaRows are in shared memory;
-//   q_empty[b] completes when every consumer warp has finished the item (epilogue included).
-// K is freed right after S and V only after P V, so K needs fewer stages than V; with two Q
-// buffers the producer loads the next item's Q while the consumers finish this one.
+// (producer) resolves each item's rows, loads its Q tile and streams its 128-key K/V tiles into
+// a ring of kStages stages, doing every block-table lookup and address calculation. Buffers
+// change hands through mbarriers:
+//   full[s]   completes when the tile's copies have landed (each producer thread arrives once
+//             its cp.async copies complete, and each producer warp's lane 0 after storing the
+//             stage's unmapped-key words);
+//   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
+//             consumer warp, after its P V has read the values, or at once from a warpgroup
+//             whose rows end before the tile);
+//   q_full    completes when an item's Q tile has landed and its CtaRows are in shared memory
+//             (two slots, by item parity, so the consumers' epilogue can still read the last);
+//   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
 // No CTA-wide barrier runs inside the loops, so the two consumers drift apart; named barriers
 // keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
-// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. The
-// turns alternate over the CTA's tiles of all its items, which also keeps either consumer from
-// running more than a tile ahead of the other (the stage releases below rely on it). Inside a
-// consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from shared
-// memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1}, wait for S_j, free K_j, mask + softmax while P V runs, wait, free
-// V_{j-1}, rescale O, pack P_j. Outputs go from the accumulators straight to global memory. The
-// producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
+// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
+// a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
+// shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
+// Outputs go from the accumulators straight to global memory (the ring is busy with the next
+// item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
 
 #include "cuda/attention_common.cuh"
@@ -39,7 +36,7 @@
 
 namespace pagekernels::cuda {
 
-template <typename T, int kKStagesArg, int kVStagesArg>
+template <typename T, int kStagesArg>
 struct WgmmaConfig {
   static constexpr int kHeadDim = 128;
   static constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
@@ -48,13 +45,8 @@ struct WgmmaConfig {
   static constexpr int kGroupRows = 64;  // the m of wgmma
   static constexpr int kRows = 2 * kGroupRows;
   static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
-  static constexpr int kKStages = kKStagesArg;
-  static constexpr int kVStages = kVStagesArg;
-  static constexpr int kQBuffers = 2;
-  // A consumer may release K_j and V_j as soon as it reaches tile j (when its rows end before
-  // it) while the other, at most one tile behind, still reads K_{j-1} and V_{j-2}: releases of
-  // one stage must not mix two uses of it.
-  static_assert(kKStages >= 2 && kVStages >= 3, "see the stage releases in the consumer loop");
+  static constexpr int kStages = kStagesArg;
+  static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
   // thread at 384 threads). More would make setmaxnreg.inc wait forever.
   static constexpr int kProducerRegs = 40;
@@ -69,25 +61,21 @@ struct WgmmaConfig {
                 "setmaxnreg takes multiples of 8 in [24, 256]");
   static constexpr int kTileElems = kTile * kHeadDim;
   static constexpr uint32_t kTileBytes = kTileElems * sizeof(T);
-  static constexpr int kQElems = kRows * kHeadDim;
-  static constexpr uint32_t kQBytes = kQElems * sizeof(T);
   static constexpr int kDimSteps = kHeadDim / 16;  // k16 steps of Q K^T
   static constexpr int kKeySteps = kTile / 16;     // k16 steps of P V
   static constexpr int kScoreBlocks = kTile / 8;
   static constexpr int kOutBlocks = kHeadDim / 8;
-  static constexpr int kMaskWords = kTile / 32;  // unmapped-key bits of a K stage, one per key
+  static constexpr int kMaskWords = kTile / 32;  // unmapped-key bits of a stage, one per key
 
-  // Shared memory: K stages, V stages, Q buffers, per-K-stage mask words, one work-item slot per
-  // Q buffer, the mbarriers (k_full, k_empty [kKStages], v_full, v_empty [kVStages], q_full,
-  // q_empty [kQBuffers]).
+  // Shared memory: K stages, V stages, the Q tile, per-stage mask words, two work-item slots,
+  // the mbarriers (full[kStages], empty[kStages], q_full, q_empty).
   static constexpr size_t kKOffset = 0;
-  static constexpr size_t kVOffset = kKOffset + size_t{kKStages} * kTileBytes;
-  static constexpr size_t kQOffset = kVOffset + size_t{kVStages} * kTileBytes;
-  static constexpr size_t kMaskOffset = kQOffset + size_t{kQBuffers} * kQBytes;
-  static constexpr size_t kItemOffset = kMaskOffset + size_t{kKStages} * kMaskWords * 4;
-  static constexpr size_t kBarrierOffset = kItemOffset + kQBuffers * sizeof(CtaRows);
-  static constexpr int kBarriers = 2 * (kKStages + kVStages + kQBuffers);
-  static constexpr size_t kLayoutBytes = kBarrierOffset + size_t{kBarriers} * 8;
+  static constexpr size_t kVOffset = kKOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kQOffset = kVOffset + size_t{kStages} * kTileBytes;
+  static constexpr size_t kMaskOffset = kQOffset + size_t{kRows} * kHeadDim * sizeof(T);
+  static constexpr size_t kItemOffset = kMaskOffset + size_t{kStages} * kMaskWords * 4;
+  static constexpr size_t kBarrierOffset = kItemOffset + 2 * sizeof(CtaRows);
+  static constexpr size_t kLayoutBytes = kBarrierOffset + (2 * size_t{kStages} + 2) * 8;
   // Slack to start the tiles on a 1024-byte boundary, which the swizzle pattern needs.
   static constexpr size_t kSmemBytes = kLayoutBytes + kSwizzleAtomBytes;
   static_assert(kItemOffset % alignof(CtaRows) == 0 && kBarrierOffset % 8 == 0,
@@ -122,14 +110,14 @@ __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lan
   }
 }
 
-// The producer warpgroup's side of one tile: thread `key` resolves that key of the tile and
+// The producer warpgroup's side of one stage: thread `key` resolves that key of the tile and
 // stores its warp's unmapped-key word; the warps copy the K and V rows (copy_warp_rows).
 template <typename T, typename C, typename KV>
 struct KVTileProducer {
   const AttentionParams<T, KV>& p;
   T* k_ring;
   T* v_ring;
-  uint32_t* mask_words;  // [kKStages][kMaskWords]
+  uint32_t* mask_words;  // [kStages][kMaskWords]
   int b;
   int kv_head;
   int begin;
@@ -141,39 +129,32 @@ struct KVTileProducer {
     return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
   }
 
-  // Element offset of this thread's key (looked up in `row`) in the K/V storage, -1 if none.
-  __device__ __forceinline__ int64_t offset(KVRow row) const { return p.kv.offset(row, kv_head); }
-
-  // Copies the K rows of `tile` into K stage `stage` as cp.async copies and stores the stage's
-  // mask word of this warp (bit k: key 32 warp + k is unmapped).
-  __device__ __forceinline__ void issue_k(int tile, int stage, int64_t offset) const {
+  // Copies `tile` (this thread's key looked up in `row`) into `stage` as cp.async copies and
+  // stores the stage's mask word of this warp (bit k: key 32 warp + k is unmapped).
+  __device__ __forceinline__ void issue(int tile, int stage, KVRow row) const {
     const int lane = key % 32;
     const int warp = key / 32;
+    const int64_t offset = p.kv.offset(row, kv_head);
     const bool unmapped = offset < 0 && begin + tile * C::kTile + key < end;
     const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
     if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
     T* k_stage = k_ring + stage * C::kTileElems;
-    copy_warp_rows<C::kTile, C::kHeadDim, T>(
-        offset, warp, lane,
-        [&](int dst, int64_t src, bool valid) { cp_async_16(k_stage + dst, p.k + src, valid); });
-  }
-
-  // Copies the V rows of the same tile into V stage `stage`.
-  __device__ __forceinline__ void issue_v(int stage, int64_t offset) const {
     T* v_stage = v_ring + stage * C::kTileElems;
-    copy_warp_rows<C::kTile, C::kHeadDim, T>(
-        offset, key / 32, key % 32,
-        [&](int dst, int64_t src, bool valid) { cp_async_16(v_stage + dst, p.v + src, valid); });
+    copy_warp_rows<C::kTile, C::kHeadDim, T>(offset, warp, lane,
+                                             [&](int dst, int64_t src, bool valid) {
+                                               cp_async_16(k_stage + dst, p.k + src, valid);
+                                               cp_async_16(v_stage + dst, p.v + src, valid);
+                                             });
   }
 };
 
-template <typename T, int kKStages, int kVStages, typename KV>
-__global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 1)
+template <typename T, int kStages, typename KV>
+__global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the compute_90 PTX (later GPUs) has no wgmma: the launcher picks it on 9.0 only
 #else
-  using C = WgmmaConfig<T, kKStages, kVStages>;
+  using C = WgmmaConfig<T, kStages>;
   constexpr int kHeadDim = C::kHeadDim;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -181,39 +162,30 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
   unsigned char* smem = smem_raw + (misalign ? kSwizzleAtomBytes - misalign : 0);
   T* k_ring = reinterpret_cast<T*>(smem + C::kKOffset);
   T* v_ring = reinterpret_cast<T*>(smem + C::kVOffset);
-  T* q_tiles = reinterpret_cast<T*>(smem + C::kQOffset);  // [kQBuffers][kRows x kHeadDim]
+  T* q_tile = reinterpret_cast<T*>(smem + C::kQOffset);
   uint32_t* mask_words = reinterpret_cast<uint32_t*>(smem + C::kMaskOffset);
-  CtaRows* items = reinterpret_cast<CtaRows*>(smem + C::kItemOffset);  // [kQBuffers]
-  uint64_t* k_full = reinterpret_cast<uint64_t*>(smem + C::kBarrierOffset);
-  uint64_t* k_empty = k_full + kKStages;
-  uint64_t* v_full = k_empty + kKStages;
-  uint64_t* v_empty = v_full + kVStages;
-  uint64_t* q_full = v_empty + kVStages;
-  uint64_t* q_empty = q_full + C::kQBuffers;
+  CtaRows* items = reinterpret_cast<CtaRows*>(smem + C::kItemOffset);  // [2], by item parity
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarrierOffset);
+  uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;
+  uint64_t* q_empty = q_full + 1;
 
   const int tid = threadIdx.x;
   const PersistentSchedule schedule{PersistentSchedule::count(p)};
   const int rounds = schedule.rounds();
 
   if (tid == 0) {
-    for (int s = 0; s < kKStages; ++s) {
-      mbarrier_init(&k_full[s], C::kProducerThreads + C::kProducerThreads / 32);
-      mbarrier_init(&k_empty[s], C::kConsumerThreads / 32);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], C::kProducerThreads + C::kProducerThreads / 32);
+      mbarrier_init(&empty[s], C::kConsumerThreads / 32);
     }
-    for (int s = 0; s < kVStages; ++s) {
-      mbarrier_init(&v_full[s], C::kProducerThreads);
-      mbarrier_init(&v_empty[s], C::kConsumerThreads / 32);
-    }
-    for (int q = 0; q < C::kQBuffers; ++q) {
-      mbarrier_init(&q_full[q], C::kProducerThreads + 1);
-      mbarrier_init(&q_empty[q], C::kConsumerThreads / 32);
-    }
+    mbarrier_init(q_full, C::kProducerThreads + 1);
+    mbarrier_init(q_empty, C::kConsumerThreads / 32);
   }
   __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups run apart
 
-  // Both sides count the CTA's work items (Q buffer = items_done % kQBuffers, its use count =
-  // items_done / kQBuffers) and its tiles over all items (stage = tiles_done % stages, use count
-  // = tiles_done / stages); an mbarrier wait names the use by its parity.
+  // Both sides count the CTA's work items (the parity of q_full / q_empty, the slot in items)
+  // and its K/V tiles over all items (the stage and parity in the ring).
   int items_done = 0;
   int tiles_done = 0;
 
@@ -224,24 +196,15 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
       const int index = schedule.item(round);
       if (index < 0) continue;
       const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
-      // Q: thread t copies row t (C::kRows == C::kProducerThreads), once the consumers are done
-      // with the item that last used this buffer.
-      const int buffer = items_done % C::kQBuffers;
-      if (items_done >= C::kQBuffers) {
-        mbarrier_wait(&q_empty[buffer], (items_done / C::kQBuffers - 1) & 1);
-      }
-      if (thread == 0) items[buffer] = cta;
+      // Thread t copies Q row t (C::kRows == C::kProducerThreads). Q waits for the consumers to
+      // finish with the previous item's Q: bring it into L2 now.
       const int q_row = cta.row_begin + thread;
       const int64_t q_offset =
           q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
-      T* q_tile = q_tiles + buffer * C::kQElems;
-      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32,
-                                            [&](int dst, int64_t src, bool valid) {
-                                              cp_async_16(q_tile + dst, p.q + src, valid);
-                                            });
-      mbarrier_arrive_on_cp_async(&q_full[buffer]);
-      if (thread == 0) mbarrier_arrive(&q_full[buffer]);  // publishes items[buffer]
-
+      if (q_offset >= 0) {
+        prefetch_l2(p.q + q_offset);
+        prefetch_l2(p.q + q_offset + kHeadDim / 2);  // the row's second 128-byte line
+      }
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,
@@ -253,23 +216,27 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
                                               .key = thread};
       const int num_tiles = tile_count<C::kTile>(cta.range.begin, cta.range.end);
       KVRow next = producer.locate(0);
-      for (int tile = 0; tile < num_tiles; ++tile, ++tiles_done) {
-        const int64_t offset = producer.offset(next);
+      auto stream_tile = [&](int tile) {
+        const int stage = tiles_done % kStages;
+        if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
+        const KVRow row = next;
         next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
-        const int k_stage = tiles_done % kKStages;
-        if (tiles_done >= kKStages) {
-          mbarrier_wait(&k_empty[k_stage], (tiles_done / kKStages - 1) & 1);
-        }
-        producer.issue_k(tile, k_stage, offset);
-        mbarrier_arrive_on_cp_async(&k_full[k_stage]);
-        if (thread % 32 == 0) mbarrier_arrive(&k_full[k_stage]);  // publishes the mask word
-        const int v_stage = tiles_done % kVStages;
-        if (tiles_done >= kVStages) {
-          mbarrier_wait(&v_empty[v_stage], (tiles_done / kVStages - 1) & 1);
-        }
-        producer.issue_v(v_stage, offset);
-        mbarrier_arrive_on_cp_async(&v_full[v_stage]);
-      }
+        producer.issue(tile, stage, row);
+        mbarrier_arrive_on_cp_async(&full[stage]);
+        if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+        ++tiles_done;
+      };
+      // The first tile's stage frees a tile before the previous item's Q does: stream it first.
+      if (num_tiles > 0) stream_tile(0);
+      if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
+      if (thread == 0) items[items_done % 2] = cta;
+      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32,
+                                            [&](int dst, int64_t src, bool valid) {
+                                              cp_async_16(q_tile + dst, p.q + src, valid);
+                                            });
+      mbarrier_arrive_on_cp_async(q_full);
+      if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
+      for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
       ++items_done;
     }
     cp_async_wait_all();  // no copy outlives its thread (the consumers wait on them anyway)
@@ -285,37 +252,20 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
   const int warp_row0 = group_row0 + (tid / 32) % 4 * 16;  // this warp's first row
   const float c = positive_scale(p.scale_log2);
 
-  // Descriptors of stage / buffer 0; a stage, buffer, column block or k step adds its byte
-  // offset >> 4 to the start address field (the low 14 bits, which never carry: shared memory
-  // is < 256 KB).
+  // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
+  // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
   const uint64_t k_desc = smem_descriptor(k_ring, 16, kSwizzleAtomBytes);
   // This warpgroup's 64 rows of Q, K-major like K (column blocks kRows rows apart).
-  const uint64_t q_desc = smem_descriptor(q_tiles + group_row0 * 64, 16, kSwizzleAtomBytes);
+  const uint64_t q_desc = smem_descriptor(q_tile + group_row0 * 64, 16, kSwizzleAtomBytes);
   const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
-  auto k_stage_offset = [](int seq) -> uint64_t {
-    return ((seq % kKStages) * C::kTileBytes) >> 4;
-  };
-  auto v_stage_offset = [](int seq) -> uint64_t {
-    return ((seq % kVStages) * C::kTileBytes) >> 4;
-  };
-  // The ping-pong alternates over every tile of every item: consumer 0 goes first (its own
-  // arrival), each consumer arrives for the other after issuing its MMAs, and consumer 0 takes
-  // the last arrival of consumer 1 after the last item.
+  auto stage_offset = [](int seq) -> uint64_t { return ((seq % kStages) * C::kTileBytes) >> 4; };
   const int my_turn = C::kTurnBarrier0 + group;
   const int other_turn = C::kTurnBarrier0 + 1 - group;
-  if (group == 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
-  auto pass_turn = [&] { named_barrier_arrive(other_turn, C::kConsumerThreads); };
-  // One arrival per warp, after every lane's reads of the buffer (mask words, items[]).
-  auto release = [&](uint64_t* barriers, int stages, int seq) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&barriers[seq % stages]);
-  };
 
   for (int round = 0; round < rounds; ++round) {
     if (schedule.item(round) < 0) continue;
-    const int buffer = items_done % C::kQBuffers;
-    mbarrier_wait(&q_full[buffer], (items_done / C::kQBuffers) & 1);
-    const CtaRows& cta = items[buffer];
+    mbarrier_wait(q_full, items_done & 1);
+    const CtaRows& cta = items[items_done % 2];
     const int begin = cta.range.begin;
     const int num_tiles = tile_count<C::kTile>(begin, cta.range.end);
     const int unmasked_end = min(cta.range.all_rows, cta.range.end);
@@ -328,18 +278,31 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
     const int group_end = group_last >= cta.row_begin + group_row0 ? cta.limit(p, group_last) : 0;
 
     if (p.scale_log2 <= 0.0f) {
-      fold_scale_sign<C::kConsumerThreads>(q_tiles + buffer * C::kQElems, C::kQElems,
-                                           p.scale_log2);
+      fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
     }
     fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
     if (p.scale_log2 <= 0.0f) named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
-    const uint64_t q_item_desc = q_desc + ((buffer * C::kQBytes) >> 4);
+
+    // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
+    if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
     float o[C::kOutBlocks][4] = {};
     float m[2] = {-INFINITY, -INFINITY};
     float d[2] = {};
     uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
     bool has_p = false;
+    auto release_stage = [&](int seq) {
+      if (lane == 0) mbarrier_arrive(&empty[seq % kStages]);
+    };
+    // After the item's last Q K^T (or its last tile, when it computes none) Q may be replaced.
+    auto release_q = [&](int i) {
+      if (i == num_tiles - 1 && lane == 0) mbarrier_arrive(q_empty);
+    };
+    // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
+    // waits for.
+    auto pass_turn = [&](int i) {
+      if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
+    };
     // O += P V of tile `seq` (asynchronous, one commit group): k step kb reads key rows
     // 16 kb .. +15 (two swizzle atoms); the n = 128 columns span two column blocks kTile rows
     // apart.
@@ -349,20 +312,17 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
       wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < C::kKeySteps; ++kb) {
-        wgmma_rs<T, 1>(o, pf[kb], v_desc + v_stage_offset(seq) + ((kb * 16 * 128) >> 4), 1);
+        wgmma_rs<T, 1>(o, pf[kb], v_desc + stage_offset(seq) + ((kb * 16 * 128) >> 4), 1);
       }
       wgmma_commit();
     };
 
     for (int i = 0; i < num_tiles; ++i) {
       const int seq = tiles_done + i;
-      mbarrier_wait(&k_full[seq % kKStages], (seq / kKStages) & 1);
-      if (has_p) mbarrier_wait(&v_full[(seq - 1) % kVStages], ((seq - 1) / kVStages) & 1);
-      fence_proxy_async();  // the tiles' bytes, written by cp.async, are read by wgmma
+      mbarrier_wait(&full[seq % kStages], (seq / kStages) & 1);
+      fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
       const int t0 = begin + i * C::kTile;
-      // Uniform across the warpgroup, as wgmma requires. The warpgroup holding the item's last
-      // row computes every tile (its limit is range.end), so no tile is skipped by both.
-      const bool compute = t0 < group_end;
+      const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 
       // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
       // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
@@ -377,20 +337,21 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
         for (int ds = 0; ds < C::kDimSteps; ++ds) {
           const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
           const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
-          wgmma_ss<T>(s, q_item_desc + (q_offset >> 4),
-                      k_desc + k_stage_offset(seq) + (k_offset >> 4), ds > 0);
+          wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
+                      ds > 0);
         }
         wgmma_commit();
         if (has_p) {
           issue_pv(seq - 1);
-          pass_turn();
+          pass_turn(i);
           wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
         } else {
-          pass_turn();
+          pass_turn(i);
           wgmma_wait<0>();
         }
         fence_registers(s);
-        const uint32_t* words = mask_words + (seq % kKStages) * C::kMaskWords;
+        release_q(i);
+        const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
         uint32_t any_unmapped = 0;
 #pragma unroll
         for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
@@ -398,13 +359,12 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
           auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
           mask_scores(s, mapped, 0, t0, limit, lane);
         }
-        release(k_empty, kKStages, seq);  // K and its mask words are no longer read
         float alpha[2];
         softmax_scores(s, m, d, c, alpha);
         wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
-        if (has_p) release(v_empty, kVStages, seq - 1);
+        if (has_p) release_stage(seq - 1);
         // Skipped (warp-uniformly) when no row of the warp has a new max, the common case
         // after a row's first tiles.
         if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
@@ -414,36 +374,29 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kKStages, kVStages>::kThreads, 
       } else {  // this warpgroup's rows end before tile i: apply its last P, if any
         if (has_p) {
           issue_pv(seq - 1);
-          pass_turn();
+          pass_turn(i);
           wgmma_wait<0>();
           fence_registers(o);
-          release(v_empty, kVStages, seq - 1);
+          release_stage(seq - 1);
         } else {
-          pass_turn();
+          pass_turn(i);
         }
-        // Neither is read by this warpgroup. V is released only once it has landed, so that
-        // this warpgroup's later waits on the stage never name a phase still in flight.
-        release(k_empty, kKStages, seq);
-        mbarrier_wait(&v_full[seq % kVStages], (seq / kVStages) & 1);
-        release(v_empty, kVStages, seq);
+        release_q(i);
+        release_stage(seq);  // not read by this warpgroup
         has_p = false;
       }
     }
+    if (num_tiles == 0 && lane == 0) mbarrier_arrive(q_empty);
     if (has_p) {
-      const int last = tiles_done + num_tiles - 1;
-      mbarrier_wait(&v_full[last % kVStages], (last / kVStages) & 1);
-      fence_proxy_async();
-      issue_pv(last);
+      issue_pv(tiles_done + num_tiles - 1);
       wgmma_wait<0>();
       fence_registers(o);
-      release(v_empty, kVStages, last);
+      release_stage(tiles_done + num_tiles - 1);
     }
     tiles_done += num_tiles;
     store_fragment_rows<T>(p, cta, cta.row_begin + warp_row0, o, m, d, lane);
-    release(q_empty, C::kQBuffers, items_done);  // Q and items[buffer] are no longer read
     ++items_done;
   }
-  if (group == 0) named_barrier_sync(my_turn, C::kConsumerThreads);  // consumer 1's last turn
 #endif
 }
 
