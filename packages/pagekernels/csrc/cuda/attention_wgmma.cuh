@@ -196,15 +196,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       const int index = schedule.item(round);
       if (index < 0) continue;
       const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
-      // Thread t copies Q row t (C::kRows == C::kProducerThreads). Q waits for the consumers to
-      // finish with the previous item's Q: bring it into L2 now.
+      // Thread t copies Q row t (C::kRows == C::kProducerThreads).
       const int q_row = cta.row_begin + thread;
       const int64_t q_offset =
           q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
-      if (q_offset >= 0) {
-        prefetch_l2(p.q + q_offset);
-        prefetch_l2(p.q + q_offset + kHeadDim / 2);  // the row's second 128-byte line
-      }
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,

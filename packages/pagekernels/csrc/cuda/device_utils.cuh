@@ -104,11 +104,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                "r"(src_bytes));
 }
 
-// Starts bringing the 128-byte line that holds `gmem` into L2; no result, no ordering.
-__device__ __forceinline__ void prefetch_l2(const void* gmem) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
-}
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
