@@ -183,25 +183,37 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
         ([17, 900], 17, 16, True),
         ([40, 41, 3000], 40, 1, True),
         ([600, 1100], 600, 128, True),
+        ([0, 1100, 0, 600], 600, 16, True),
         ([300, 129], 100, 16, False),
     ],
-    ids=["L17_ps16_causal", "L40_ps1_causal", "L600_ps128_causal", "L100_ps16_full"],
+    ids=[
+        "L17_ps16_causal",
+        "L40_ps1_causal",
+        "L600_ps128_causal",
+        "L600_ps16_empty_requests",
+        "L100_ps16_full",
+    ],
 )
 def test_prefill128_kernels_match_reference(
     make_paged, assert_close, poison_allocator, dtype, contexts, L, page_size, causal
 ):
     """128-row prefill tiles at D = 128: the Hopper wgmma kernel and the mma.sync kernel match the
-    reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or wholly empty)."""
+    reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or wholly empty;
+    304 and 608 work items, several per CTA of the persistent wgmma kernel, and requests without
+    keys, whose items have no tile and whose rows are zero)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=page_size, dtype=dtype, seed=L,
     )  # fmt: skip
     mask = "causal" if causal else None
     expected = cpu_reference(case, mask=mask)
+    empty = [b for b, n in enumerate(contexts) if n == 0]
     for kernel in ("wgmma", "mma_sync"):
         poison_allocator(case.queries.shape, dtype)
         with tuning(prefill_kernel=kernel):
-            assert_close(run_gpu(case, mask=mask), expected)
+            out = run_gpu(case, mask=mask)
+        assert_close(out, expected)
+        assert (np.array(out.astype(mx.float32))[empty] == 0).all()
 
 
 @gpu_test
