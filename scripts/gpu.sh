@@ -83,7 +83,9 @@ if has_stage prefill-profile; then
     timeout 240 ncu --clock-control none --set full --import-source yes \
       -k regex:"${PREFILL_NCU_KERNEL:-attention_wgmma}" -c 1 -o "$OUT/prefill-$case" \
       python3 benchmarks/ncu_cases.py "$case" >"$OUT/prefill-$case.ncu.log" 2>&1
-    echo "ncu $case rc=$?"
+    rc=$?
+    echo "ncu $case rc=$rc"
+    [ "$rc" = 0 ] || continue  # the log says why; no empty extracts
     ncu -i "$OUT/prefill-$case.ncu-rep" --page source --csv --print-source sass \
       | gzip >"$OUT/prefill-$case-sass.csv.gz"
     ncu -i "$OUT/prefill-$case.ncu-rep" --print-details all | gzip >"$OUT/prefill-$case-details.txt.gz"

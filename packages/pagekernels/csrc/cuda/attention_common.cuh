@@ -31,7 +31,7 @@ struct AttentionParams {
   int group;              // G = Hq / Hkv
   int query_len;          // L
   int head_dim;           // D (runtime; kernels are compiled for a capacity >= D)
-  int num_row_blocks;     // CTAs per (b, kv_head) along the packed rows
+  int num_row_blocks;     // blocks of packed rows per (b, kv_head)
   int num_splits;         // key chunks per (b, kv_head, row block)
   int chunk_keys;         // keys per chunk (multiple of the kernel's key tile)
   float scale_log2;       // softmax scale * log2(e)
@@ -71,8 +71,8 @@ struct PersistentSchedule {
     return (num_items + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   }
 
-  // This CTA's item in `round`, or -1 when the last round has none for it.
-  __device__ __forceinline__ int item(int round) const {
+  // This CTA's item index in `round`, or -1 when the last round has none for it.
+  __device__ __forceinline__ int item_index(int round) const {
     const int ctas = static_cast<int>(gridDim.x);
     const int cta = static_cast<int>(blockIdx.x);
     const int index = round * ctas + (round % 2 == 0 ? cta : ctas - 1 - cta);
@@ -80,7 +80,7 @@ struct PersistentSchedule {
   }
 
   template <typename P>
-  __device__ __forceinline__ static WorkItem work_item(const P& p, int index) {
+  __device__ __forceinline__ static WorkItem item_at(const P& p, int index) {
     const int split = index % p.num_splits;
     index /= p.num_splits;
     const int heads = p.batch * p.num_kv_heads;
@@ -95,10 +95,10 @@ __device__ __forceinline__ int row_key_limit(int l, int query_len, int num_keys,
   return min(max(limit, 0), num_keys);
 }
 
-// Keys [begin, end) that a CTA with packed rows [row_begin, row_end) visits in its split.
+// Keys [begin, end) that a work item with packed rows [row_begin, row_end) visits in its split.
 struct KeyRange {
   int begin;
-  int end;        // <= begin when the CTA has nothing to do (it still writes an empty state)
+  int end;        // <= begin when the item has nothing to do (it still writes an empty state)
   int all_rows;   // keys below this are visible to every row: no element mask needed
 };
 
@@ -113,7 +113,7 @@ __device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_
   return {begin, end, row_key_limit(first_l, p.query_len, num_keys, p.causal)};
 }
 
-// What one CTA works on: its work item, its request's key count, its packed rows
+// What a work item covers: the item, its request's key count, its packed rows
 // [row_begin, row_end) (a block of rows_per_cta) and the keys it visits.
 struct CtaRows {
   WorkItem w;
@@ -185,7 +185,8 @@ __device__ __forceinline__ void write_row(const P& p, const WorkItem& w, int r, 
   }
 #pragma unroll
   for (int i = 0; i < N; i += 4) {
-    *reinterpret_cast<float4*>(dst.partial + d0 + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+    *reinterpret_cast<float4*>(dst.partial + d0 + i) =
+        make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
   }
   if (d0 == 0) dst.store_lse(state);
 }

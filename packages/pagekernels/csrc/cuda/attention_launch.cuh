@@ -104,7 +104,7 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
-// Warp-specialised and persistent, 128-key tiles, 3 stages (226 KB of shared memory).
+// Warp-specialised and persistent, 128-key tiles, 3 stages (230,592 B of shared memory).
 template <typename T, typename KV>
 KernelChoice<T, KV> wgmma_kernel() {
   using C = WgmmaConfig<T, 3>;
@@ -145,9 +145,9 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   if constexpr (!std::is_same_v<T, float>) {
     if (tensor_cores) {
       const MmaLayout layout = decode ? MmaLayout::kDecode : prefill_layout(rows);
-      // 128-row prefill tiles at D = 128 on sm_90 run on wgmma (1.47x faster than mma.sync at
-      // L = 4096, 1.09x at 1024: docs/performance.md) unless the prefill_kernel knob says
-      // mma_sync. D = 64 stays on mma.sync: its wgmma variant went wrong past the first tile.
+      // 128-row prefill tiles at D = 128 on sm_90 run on wgmma (1.65x faster than mma.sync at
+      // L = 4096, 1.4x at 1024 in session 8: docs/performance.md) unless the prefill_kernel knob
+      // says mma_sync. D = 64 stays on mma.sync: its wgmma variant went wrong past the first tile.
       const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
                          prefill_kernel() != PrefillKernel::kMmaSync && is_sm90(enc);
       choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);

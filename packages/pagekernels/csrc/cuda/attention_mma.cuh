@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(32 * kWarpsQ * kWarpsKV)
 
   // Q tile in its own cp.async group, ahead of every K/V group.
   load_q_tile<C::kRows, kHeadDim, C::kThreads>(
-      p, cta, q_tile, [](int row, int chunk) { return C::Ring::position(row, chunk); }, tid);
+      p, cta, q_tile, [](int row, int chunk) { return C::Ring::position(row, chunk); });
 
   KVRow window[C::kAhead];
   UnmappedTiles<kStages, C::Ring::kOffsetSlots> unmapped;

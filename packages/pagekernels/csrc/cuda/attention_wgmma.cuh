@@ -193,9 +193,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     release_registers<C::kProducerRegs>();
     const int thread = tid - C::kConsumerThreads;
     for (int round = 0; round < rounds; ++round) {
-      const int index = schedule.item(round);
+      const int index = schedule.item_index(round);
       if (index < 0) continue;
-      const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::work_item(p, index));
+      const CtaRows cta = cta_rows(p, C::kRows, PersistentSchedule::item_at(p, index));
       // Thread t copies Q row t (C::kRows == C::kProducerThreads).
       const int q_row = cta.row_begin + thread;
       const int64_t q_offset =
@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
         ++tiles_done;
       };
-      // The first tile's stage frees a tile before the previous item's Q does: stream it first.
+      // The first tile's stage is freed before the previous item's Q: stream it before
+      // waiting on q_empty.
       if (num_tiles > 0) stream_tile(0);
       if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
       if (thread == 0) items[items_done % 2] = cta;
@@ -258,7 +259,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   const int other_turn = C::kTurnBarrier0 + 1 - group;
 
   for (int round = 0; round < rounds; ++round) {
-    if (schedule.item(round) < 0) continue;
+    if (schedule.item_index(round) < 0) continue;
     mbarrier_wait(q_full, items_done & 1);
     const CtaRows& cta = items[items_done % 2];
     const int begin = cta.range.begin;
@@ -268,7 +269,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     // warpgroup needs at all (its last row's limit).
     int limit[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) limit[h] = cta.limit(p, cta.row_begin + warp_row0 + lane / 4 + 8 * h);
+    for (int h = 0; h < 2; ++h) {
+      limit[h] = cta.limit(p, cta.row_begin + warp_row0 + lane / 4 + 8 * h);
+    }
     const int group_last = min(cta.row_begin + group_row0 + C::kGroupRows, cta.row_end) - 1;
     const int group_end = group_last >= cta.row_begin + group_row0 ? cta.limit(p, group_last) : 0;
 

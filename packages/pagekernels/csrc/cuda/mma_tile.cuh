@@ -31,13 +31,12 @@ __device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scal
 }
 
 // Copies the CTA's kRows packed query rows (zero rows past row_end) into q_tile as one
-// cp.async group, shared by kThreads threads (this one is number `thread`); position(row, chunk)
-// is where 16-byte chunk `chunk` of a row goes.
+// cp.async group; position(row, chunk) is where 16-byte chunk `chunk` of a row goes.
 template <int kRows, int kHeadDim, int kThreads, typename T, typename P, typename Position>
 __device__ __forceinline__ void load_q_tile(const P& p, const CtaRows& cta, T* q_tile,
-                                            Position position, int thread) {
+                                            Position position) {
   constexpr int kChunks = kHeadDim / 8;
-  for (int i = thread; i < kRows * kChunks; i += kThreads) {
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * kChunks; i += kThreads) {
     const int row = i / kChunks;
     const int chunk = i % kChunks;
     const int r = cta.row_begin + row;
