@@ -66,9 +66,8 @@ DECODER_LAYER_TOLERANCE: dict[mx.Dtype, float] = {
 
 def _mapped_keys(block_table: mx.array, num_pages: int, page_size: int) -> mx.array:
     """`[B, max_pages * page_size]`: whether each logical key's page entry names a stored page."""
-    positions = mx.arange(block_table.shape[1] * page_size)
-    page_of_position = block_table[:, positions // page_size]
-    return (page_of_position >= 0) & (page_of_position < num_pages)
+    mapped_pages = (block_table >= 0) & (block_table < num_pages)
+    return mx.repeat(mapped_pages, page_size, axis=1)
 
 
 def gather_kv(
