@@ -9,8 +9,8 @@
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
-# Stages (default: build test bench serve mlxlm): build test bench prefill prefill-profile serve
-# mlxlm admission profile. .whl/ holds wheels the machine lacks
+# Stages (default: build test bench serve mlxlm): build test bench decode prefill prefill-profile
+# serve mlxlm admission profile. .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,18 @@ if has_stage prefill; then
       --page-sizes 16 128 --prefill 1024 4096 --repeats "${PREFILL_REPEATS:-3}" \
       --prefill-kernel "$kernel" --json-output "$OUT/prefill-$kernel.json" \
       2>&1 | tee "$OUT/prefill-$kernel.log" | grep "prefill B"
+  done
+fi
+
+if has_stage decode; then
+  section "decode, small shapes (B = 1, 8): paged against SDPA, then paged with forced key chunks"
+  python3 benchmarks/attention.py --device gpu --paths paged sdpa --batches 1 8 \
+    --contexts 128 1024 8192 --page-sizes 16 128 --repeats "${DECODE_REPEATS:-3}" \
+    --json-output "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep "decode B"
+  for splits in ${DECODE_SPLITS:-1 2 4}; do
+    python3 benchmarks/attention.py --device gpu --paths paged --batches 8 --contexts 1024 \
+      --page-sizes 16 128 --repeats "${DECODE_REPEATS:-3}" --decode-splits "$splits" \
+      --json-output "$OUT/decode-splits-$splits.json" 2>&1 | grep "decode B" | sed "s/^/splits $splits: /"
   done
 fi
 

@@ -212,10 +212,11 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       const int num_tiles = tile_count<C::kTile>(cta.range.begin, cta.range.end);
       KVRow next = producer.locate(0);
       auto stream_tile = [&](int tile) {
+        const KVRow row = next;
+        // The next tile's block-table load, in flight through the wait and this tile's copies.
+        next = producer.locate(tile + 1);
         const int stage = tiles_done % kStages;
         if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
-        const KVRow row = next;
-        next = producer.locate(tile + 1);  // the block-table load of the next tile, in flight
         producer.issue(tile, stage, row);
         mbarrier_arrive_on_cp_async(&full[stage]);
         if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word

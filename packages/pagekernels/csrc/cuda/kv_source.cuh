@@ -5,6 +5,8 @@
 //
 // A lookup happens in two steps so kernels can overlap the table load with other work:
 //   locate(b, t) -> KVRow (issues the block_table load)  ...  offset(row, h) -> element offset.
+// Nothing reads the loaded entry before offset(): a check in locate() would make the thread
+// wait for the load right there (session 9: the wgmma producer did, once per tile).
 // offset() returns -1 for rows that are padding or outside storage: kernels zero-fill those and
 // mask their scores, and never dereference them.
 #pragma once
@@ -16,8 +18,10 @@
 namespace pagekernels::cuda {
 
 struct KVRow {
-  int32_t page;  // physical page (paged) or batch row (dense); -1 = unmapped
-  int slot;      // position inside the page
+  // Physical page (paged: the block_table entry as loaded, validated only by offset(), so
+  // the load stays in flight until then) or batch row (dense); -1 = unmapped.
+  int32_t page;
+  int slot;  // position inside the page
 };
 
 struct PagedKV {
@@ -28,11 +32,11 @@ struct PagedKV {
 
   __device__ __forceinline__ KVRow locate(int b, int t) const {
     const int logical_page = t / layout.page_size;
-    return {layout.page_id(b, logical_page), t - logical_page * layout.page_size};
+    return {layout.table_entry(b, logical_page), t - logical_page * layout.page_size};
   }
 
   __device__ __forceinline__ int64_t offset(KVRow row, int kv_head) const {
-    return row.page < 0 ? -1 : layout.offset(row.page, kv_head, row.slot);
+    return layout.stored(row.page) ? layout.offset(row.page, kv_head, row.slot) : -1;
   }
 };
 

@@ -24,10 +24,17 @@ struct PagedKVLayout {
   // Physical page id of request b's logical page, or -1 if the entry is padding or out of
   // storage (kernels never read outside storage, even when handed garbage).
   PK_HOST_DEVICE int32_t page_id(int b, int logical_page) const {
-    if (logical_page < 0 || logical_page >= max_pages) return -1;
-    int32_t p = block_table[static_cast<int64_t>(b) * max_pages + logical_page];
-    return (p >= 0 && p < num_pages) ? p : -1;
+    const int32_t p = table_entry(b, logical_page);
+    return stored(p) ? p : -1;
   }
+
+  // page_id in two steps, for kernels that keep the table load in flight until they use the
+  // page: the raw entry (-1 past the row), then whether it names a page in storage.
+  PK_HOST_DEVICE int32_t table_entry(int b, int logical_page) const {
+    if (logical_page < 0 || logical_page >= max_pages) return -1;
+    return block_table[static_cast<int64_t>(b) * max_pages + logical_page];
+  }
+  PK_HOST_DEVICE bool stored(int32_t page) const { return page >= 0 && page < num_pages; }
 
   // Element offset of (physical page, kv head, slot, 0) in a K or V page array.
   PK_HOST_DEVICE int64_t offset(int32_t page, int kv_head, int slot) const {
