@@ -82,9 +82,11 @@ if has_stage decode; then
   python3 benchmarks/attention.py --device gpu --paths paged sdpa --batches 1 8 \
     --contexts 128 1024 8192 --page-sizes 16 128 --repeats "${DECODE_REPEATS:-3}" \
     --json-output "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep "decode B"
-  for splits in ${DECODE_SPLITS:-1 2 4}; do
-    python3 benchmarks/attention.py --device gpu --paths paged --batches 8 --contexts 1024 \
-      --page-sizes 16 128 --repeats "${DECODE_REPEATS:-3}" --decode-splits "$splits" \
+  # 0 = the planner's choice.
+  for splits in ${DECODE_SPLITS:-0 1 2 4}; do
+    python3 benchmarks/attention.py --device gpu --paths paged --batches ${SPLIT_BATCHES:-8} \
+      --contexts ${SPLIT_CONTEXTS:-1024} --page-sizes ${SPLIT_PAGE_SIZES:-16 128} \
+      --repeats "${DECODE_REPEATS:-3}" --decode-splits "$splits" \
       --json-output "$OUT/decode-splits-$splits.json" 2>&1 | grep "decode B" | sed "s/^/splits $splits: /"
   done
 fi
