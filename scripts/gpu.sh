@@ -70,9 +70,9 @@ fi
 if has_stage prefill; then
   section "prefill: the 128-row kernels back to back (wgmma where the GPU has it, then mma.sync)"
   for kernel in auto mma_sync; do
-    python3 benchmarks/attention.py --device gpu --paths paged sdpa --batches 1 --contexts 128 \
-      --page-sizes 16 128 --prefill 1024 4096 --repeats "${PREFILL_REPEATS:-3}" \
-      --prefill-kernel "$kernel" --json-output "$OUT/prefill-$kernel.json" \
+    timeout "${PREFILL_TIMEOUT_S:-240}" python3 benchmarks/attention.py --device gpu \
+      --paths paged sdpa --batches 1 --contexts 128 --page-sizes 16 128 --prefill 1024 4096 \
+      --repeats "${PREFILL_REPEATS:-3}" --prefill-kernel "$kernel" --json-output "$OUT/prefill-$kernel.json" \
       2>&1 | tee "$OUT/prefill-$kernel.log" | grep "prefill B"
   done
 fi

@@ -185,6 +185,9 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
         ([600, 1100], 600, 128, True),
         ([0, 1100, 0, 600], 600, 16, True),
         ([300, 129], 100, 16, False),
+        ([700, 300], 300, 8, True),
+        ([1000, 333], 333, 24, True),
+        ([1100, 650], 600, 64, True),
     ],
     ids=[
         "L17_ps16_causal",
@@ -192,6 +195,9 @@ def test_cuda_core_decode_matches_tensor_core_decode(make_paged, assert_close, d
         "L600_ps128_causal",
         "L600_ps16_empty_requests",
         "L100_ps16_full",
+        "L300_ps8_causal",
+        "L333_ps24_causal",
+        "L600_ps64_causal",
     ],
 )
 def test_prefill128_kernels_match_reference(
@@ -200,7 +206,9 @@ def test_prefill128_kernels_match_reference(
     """128-row prefill tiles at D = 128: the Hopper wgmma kernel and the mma.sync kernel match the
     reference (L * G = 68 .. 2400 rows: tiles whose second warpgroup is partly or wholly empty;
     304 and 608 work items, several per CTA of the persistent wgmma kernel, and requests without
-    keys, whose items have no tile and whose rows are zero)."""
+    keys, whose items have no tile and whose rows are zero). Pages of 8, 16, 24, 64 and 128 keys
+    give the wgmma kernel's TMA copies boxes of 8, 16, 8, 32 and 32 rows (page 1: none), next
+    to the cp.async copies of the rows a box cannot take (NaN-poisoned tails of last pages)."""
     case = make_paged(
         contexts=contexts, num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=page_size, dtype=dtype, seed=L,

@@ -8,6 +8,8 @@
 // one CTA each, or a sequence of them per CTA in the persistent prefill kernel.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "cuda/device_utils.cuh"
@@ -15,6 +17,15 @@
 #include "kernels/paged_kv.h"
 
 namespace pagekernels::cuda {
+
+// TMA descriptors of the K and V storage seen as [rows, D] matrices (row = element offset / D),
+// for kernels that bulk-copy runs of consecutive rows (attention_wgmma): each copy moves
+// box_rows rows x 64 columns into a 128-byte-swizzled column block. box_rows == 0: no maps.
+struct KVTensorMaps {
+  CUtensorMap k;
+  CUtensorMap v;
+  int box_rows;
+};
 
 template <typename T, typename KV>
 struct AttentionParams {
@@ -36,6 +47,7 @@ struct AttentionParams {
   int chunk_keys;         // keys per chunk (multiple of the kernel's key tile)
   float scale_log2;       // softmax scale * log2(e)
   bool causal;            // bottom-right aligned to each request's key count
+  KVTensorMaps tma;       // set for attention_wgmma when the storage allows bulk copies
 };
 
 struct WorkItem {

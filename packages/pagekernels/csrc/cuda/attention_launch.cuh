@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -128,6 +129,15 @@ inline void check_head_dim(std::string_view op, int head_dim) {
   }
 }
 
+// Rows per TMA box in attention_wgmma: the largest power of two up to 32 that divides the
+// run of keys the storage keeps in consecutive rows (a page; dense: all of a request's keys), 0
+// when that is under 8 rows (a box must fill whole 1024-byte swizzle atoms).
+inline int tma_box_rows(const PagedKV& kv) {
+  const int pow2 = kv.layout.page_size & -kv.layout.page_size;
+  return pow2 >= 8 ? std::min(pow2, 32) : 0;
+}
+inline int tma_box_rows(const DenseKV&) { return 32; }
+
 // Allocates `out` and adds the nodes computing attention of q over the keys that `kv` addresses
 // in k/v. `metadata` are the small int32 inputs (block_table, lens) the kernels read.
 template <typename T, typename KV>
@@ -185,6 +195,17 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   p.chunk_keys = plan.chunk_keys;
   p.scale_log2 = s.scale * kLog2e;
   p.causal = s.causal;
+  if constexpr (!std::is_same_v<T, float>) {
+    // The wgmma kernel bulk-copies runs of consecutive K/V rows (row = element offset / D).
+    const int64_t storage_rows = static_cast<int64_t>(k.size()) / s.head_dim;
+    const int box_rows = tma_box_rows(kv);
+    if (choice.persistent && box_rows > 0 && storage_rows >= box_rows &&
+        storage_rows <= std::numeric_limits<int32_t>::max()) {
+      p.tma.k = rows_tensor_map<T>(p.k, storage_rows, s.head_dim, box_rows);
+      p.tma.v = rows_tensor_map<T>(p.v, storage_rows, s.head_dim, box_rows);
+      p.tma.box_rows = box_rows;
+    }
+  }
 
   auto register_inputs = [&] {
     enc.set_input_array(q);

@@ -7,11 +7,12 @@
 //
 // CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
 // (producer) resolves each item's rows, loads its Q tile and streams its 128-key K/V tiles into
-// a ring of kStages stages, doing every block-table lookup and address calculation. Buffers
+// a ring of kStages stages (TMA for runs of consecutive rows, cp.async for the rest), doing
+// every block-table lookup and address calculation. Buffers
 // change hands through mbarriers:
 //   full[s]   completes when the tile's copies have landed (each producer thread arrives once
 //             its cp.async copies complete, and each producer warp's lane 0 after storing the
-//             stage's unmapped-key words);
+//             stage's unmapped-key word, adding the bytes its TMA copies deliver);
 //   empty[s]  completes when both consumer warpgroups are done with the tile (one arrival per
 //             consumer warp, after its P V has read the values, or at once from a warpgroup
 //             whose rows end before the tile);
@@ -88,12 +89,13 @@ struct WgmmaConfig {
 };
 
 // How the producer's warps copy rows into 128-byte-swizzled [kRows][kHeadDim] tiles: warp w
-// copies rows 32 w .. 32 w + 31, lane l having resolved row 32 w + l to the element `offset` of
-// its source (< 0: zero-fill) and passing it on by shuffle; lanes take 32-byte pairs of 16-byte
-// chunks, 8 lanes per 256-byte row. copy(dst, src, valid) issues one chunk (dst and src are
-// element offsets).
+// copies rows 32 w .. 32 w + 31 but those set in `skip` (bit k: row 32 w + k), lane l having
+// resolved row 32 w + l to the element `offset` of its source (< 0: zero-fill) and passing it on
+// by shuffle; lanes take 32-byte pairs of 16-byte chunks, 8 lanes per 256-byte row.
+// copy(dst, src, valid) issues one chunk (dst and src are element offsets).
 template <int kRows, int kHeadDim, typename T, typename Copy>
-__device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, Copy copy) {
+__device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, uint32_t skip,
+                                               Copy copy) {
   constexpr int kLanesPerRow = kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
   constexpr int kRowsPerPass = 32 / kLanesPerRow;
   const int chunk = 2 * (lane % kLanesPerRow);
@@ -101,6 +103,7 @@ __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lan
   for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
     const int row = kRowsPerPass * pass + lane / kLanesPerRow;  // within this warp's 32 rows
     const int64_t off = __shfl_sync(0xffffffffu, offset, row);
+    if ((skip >> row) & 1u) continue;
     const bool valid = off >= 0;
     const int64_t src = valid ? off + chunk * 8 : 0;
 #pragma unroll
@@ -111,7 +114,10 @@ __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lan
 }
 
 // The producer warpgroup's side of one stage: thread `key` resolves that key of the tile and
-// stores its warp's unmapped-key word; the warps copy the K and V rows (copy_warp_rows).
+// stores its warp's unmapped-key word. Runs of p.tma.box_rows keys whose rows are present and
+// consecutive in storage (a page, or part of one) are bulk-copied by TMA, one copy per 64
+// columns of K and of V, issued by the run's first lane; the other rows (unmapped, past the
+// chunk, a run cut short by the context's end) go by cp.async with zero fill (copy_warp_rows).
 template <typename T, typename C, typename KV>
 struct KVTileProducer {
   const AttentionParams<T, KV>& p;
@@ -129,22 +135,54 @@ struct KVTileProducer {
     return t < end ? p.kv.locate(b, t) : KVRow{-1, 0};
   }
 
-  // Copies `tile` (this thread's key looked up in `row`) into `stage` as cp.async copies and
-  // stores the stage's mask word of this warp (bit k: key 32 warp + k is unmapped).
-  __device__ __forceinline__ void issue(int tile, int stage, KVRow row) const {
+  // The lanes of this warp whose rows TMA copies: runs of box_rows lanes, starting at a
+  // multiple of box_rows, whose rows all sit box_rows consecutive rows from the first.
+  __device__ __forceinline__ uint32_t bulk_lanes(int64_t offset, int lane) const {
+    const int box = p.tma.box_rows;
+    if (box == 0) return 0;
+    const int first_lane = lane & ~(box - 1);
+    const int64_t first = __shfl_sync(0xffffffffu, offset, first_lane);
+    const bool in_run =
+        offset >= 0 && offset == first + static_cast<int64_t>(lane - first_lane) * C::kHeadDim;
+    const uint32_t in_runs = __ballot_sync(0xffffffffu, in_run);
+    const uint32_t run = (box == 32 ? 0xffffffffu : (1u << box) - 1u) << first_lane;
+    return __ballot_sync(0xffffffffu, (in_runs & run) == run);
+  }
+
+  // Copies `tile` (this thread's key looked up in `row`) into `stage`, stores the stage's mask
+  // word of this warp (bit k: key 32 warp + k is unmapped) and arrives on `full` for it: every
+  // thread once its cp.async copies land, lane 0 with the warp's TMA bytes (which publishes the
+  // word).
+  __device__ __forceinline__ void issue(int tile, int stage, KVRow row, uint64_t* full) const {
     const int lane = key % 32;
     const int warp = key / 32;
     const int64_t offset = p.kv.offset(row, kv_head);
     const bool unmapped = offset < 0 && begin + tile * C::kTile + key < end;
     const uint32_t word = __ballot_sync(0xffffffffu, unmapped);
-    if (lane == 0) mask_words[stage * C::kMaskWords + warp] = word;
+    const uint32_t bulk = bulk_lanes(offset, lane);
     T* k_stage = k_ring + stage * C::kTileElems;
     T* v_stage = v_ring + stage * C::kTileElems;
-    copy_warp_rows<C::kTile, C::kHeadDim, T>(offset, warp, lane,
-                                             [&](int dst, int64_t src, bool valid) {
-                                               cp_async_16(k_stage + dst, p.k + src, valid);
-                                               cp_async_16(v_stage + dst, p.v + src, valid);
-                                             });
+    if (lane == 0) {
+      mask_words[stage * C::kMaskWords + warp] = word;
+      mbarrier_arrive_expect_tx(full, __popc(bulk) * 2 * C::kHeadDim * sizeof(T));
+    }
+    if (((bulk >> lane) & 1u) && (lane & (p.tma.box_rows - 1)) == 0) {
+      const int storage_row = static_cast<int>(offset / C::kHeadDim);
+#pragma unroll
+      for (int block = 0; block < C::kHeadDim / 64; ++block) {
+        const int dst = (block * C::kTile + key) * 64;  // the run's rows in column block `block`
+        tma_load_2d(k_stage + dst, &p.tma.k, block * 64, storage_row, full);
+        tma_load_2d(v_stage + dst, &p.tma.v, block * 64, storage_row, full);
+      }
+    }
+    if (bulk != 0xffffffffu) {
+      copy_warp_rows<C::kTile, C::kHeadDim, T>(offset, warp, lane, bulk,
+                                               [&](int dst, int64_t src, bool valid) {
+                                                 cp_async_16(k_stage + dst, p.k + src, valid);
+                                                 cp_async_16(v_stage + dst, p.v + src, valid);
+                                               });
+    }
+    mbarrier_arrive_on_cp_async(full);
   }
 };
 
@@ -217,9 +255,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         next = producer.locate(tile + 1);
         const int stage = tiles_done % kStages;
         if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
-        producer.issue(tile, stage, row);
-        mbarrier_arrive_on_cp_async(&full[stage]);
-        if (thread % 32 == 0) mbarrier_arrive(&full[stage]);  // publishes the mask word
+        producer.issue(tile, stage, row, &full[stage]);
         ++tiles_done;
       };
       // The first tile's stage is freed before the previous item's Q: stream it before
@@ -227,7 +263,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       if (num_tiles > 0) stream_tile(0);
       if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
       if (thread == 0) items[items_done % 2] = cta;
-      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32,
+      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32, 0u,
                                             [&](int dst, int64_t src, bool valid) {
                                               cp_async_16(q_tile + dst, p.q + src, valid);
                                             });

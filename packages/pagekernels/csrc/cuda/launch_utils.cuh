@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "mlx/array.h"
@@ -109,6 +111,42 @@ inline mx::array scratch_array(Encoder& enc, mx::Shape shape, mx::Dtype dtype) {
   mx::array a(mx::allocator::malloc(bytes), std::move(shape), dtype);
   enc.add_temporary(a);
   return a;
+}
+
+// A TMA descriptor of `base` seen as a row-major [rows, cols] matrix of T (16-bit), copied in
+// boxes of box_rows x 64 columns into 128-byte-swizzled shared memory (the layout wgmma reads).
+// The driver's encoder is reached through the runtime (the extension does not link libcuda).
+template <typename T>
+CUtensorMap rows_tensor_map(const void* base, int64_t rows, int cols, int box_rows) {
+  static_assert(sizeof(T) == 2, "16-bit elements: 64 columns fill a 128-byte swizzle row");
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                cudaEnableDefault, &found),
+               "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      throw std::runtime_error("[pagekernels] the CUDA driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(cols) * sizeof(T)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = encode(
+      &map,
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      2, const_cast<void*>(base), dims, row_stride, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    throw std::runtime_error("[pagekernels] cuTensorMapEncodeTiled failed with CUresult " +
+                             std::to_string(static_cast<int>(result)));
+  }
+  return map;
 }
 
 // The kernels use 16-byte vector accesses; MLX allocations are aligned, offset views may not be.

@@ -6,6 +6,8 @@
 // the phase they wait for by its parity (phase k of a barrier used once per pipeline round k).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "cuda/device_utils.cuh"
@@ -33,6 +35,27 @@ __device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
                    shared_address(bar))
                : "memory");
+}
+
+// Arrives (release) and adds `bytes` to the transaction count that the phase also waits for:
+// the bulk copies that complete on this barrier (tma_load_2d) must deliver that many bytes.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// TMA: copies the box at (column, row) of a 2D tensor map into shared memory at `dst` and
+// completes that many bytes of `bar`'s transaction count when they have landed. `map` is a
+// __grid_constant__ kernel parameter (its generic address is what the instruction takes).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int column,
+                                            int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(column), "r"(row), "r"(shared_address(bar))
+      : "memory");
 }
 
 // Blocks until the phase with this parity has completed (acquire).
