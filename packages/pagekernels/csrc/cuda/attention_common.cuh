@@ -114,12 +114,18 @@ struct KeyRange {
   int all_rows;   // keys below this are visible to every row: no element mask needed
 };
 
+// First key of key chunk `split`.
+template <typename P>
+__device__ __forceinline__ int chunk_begin(const P& p, int split) {
+  return split * p.chunk_keys;
+}
+
 template <typename P>
 __device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_begin,
                                               int row_end, int split) {
   const int first_l = row_begin / p.group;
   const int last_l = (row_end - 1) / p.group;
-  const int begin = split * p.chunk_keys;
+  const int begin = chunk_begin(p, split);
   const int end = min(row_key_limit(last_l, p.query_len, num_keys, p.causal),
                       begin + p.chunk_keys);
   return {begin, end, row_key_limit(first_l, p.query_len, num_keys, p.causal)};
@@ -144,11 +150,16 @@ struct CtaRows {
 };
 
 template <typename P>
-__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w) {
-  const int num_keys = p.kv.num_keys(w.b);
+__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w,
+                                            int num_keys) {
   const int row_begin = w.row_block * rows_per_cta;
   const int row_end = min(row_begin + rows_per_cta, p.query_len * p.group);
   return {w, num_keys, row_begin, row_end, key_range(p, num_keys, row_begin, row_end, w.split)};
+}
+
+template <typename P>
+__device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w) {
+  return cta_rows(p, rows_per_cta, w, p.kv.num_keys(w.b));
 }
 
 // Element offset of (b, query head of packed row r, position of r, 0) in q / out.

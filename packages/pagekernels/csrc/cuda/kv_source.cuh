@@ -28,7 +28,11 @@ struct PagedKV {
   PagedKVLayout layout;        // pools [P, Hkv, page_size, D] and block_table [B, max_pages]
   const int32_t* context_lens;  // [B]
 
-  __device__ __forceinline__ int num_keys(int b) const { return max(context_lens[b], 0); }
+  // num_keys(b) == keys(length(b)); kernels that load a request's length early call the two
+  // apart, so nothing waits for the load until the count is needed.
+  __device__ __forceinline__ int32_t length(int b) const { return context_lens[b]; }
+  __device__ __forceinline__ int keys(int32_t length) const { return max(length, 0); }
+  __device__ __forceinline__ int num_keys(int b) const { return keys(length(b)); }
 
   __device__ __forceinline__ KVRow locate(int b, int t) const {
     const int logical_page = t / layout.page_size;
@@ -47,7 +51,9 @@ struct DenseKV {
   int head_dim;
   const int32_t* key_lens;  // [B]
 
-  __device__ __forceinline__ int num_keys(int b) const { return min(max(key_lens[b], 0), seq_len); }
+  __device__ __forceinline__ int32_t length(int b) const { return key_lens[b]; }
+  __device__ __forceinline__ int keys(int32_t length) const { return min(max(length, 0), seq_len); }
+  __device__ __forceinline__ int num_keys(int b) const { return keys(length(b)); }
 
   __device__ __forceinline__ KVRow locate(int b, int t) const {
     return {t < seq_len ? b : -1, t};

@@ -26,6 +26,14 @@ constexpr int kMaxSplits = 65535;  // gridDim.y
 // and 8 shapes measured the planner already chose at most 8.
 constexpr int kMaxAutoDecodeSplits = 8;
 
+// CTAs the decode planner splits for: half as many as SMs. On the H200 (operator benchmark,
+// bf16, Hkv 8, page 16; results/h200/session9/94750e8-tma) 64 unsplit CTAs already stream K/V
+// at 4.3 TB/s (B = 8 x 8192: 62.5 us unsplit, 61.9 in 2 chunks, 71.1 in the 8 that a target of
+// two waves of CTA slots chose), and every split adds the merge (B = 8 x 1024: 14.1 us unsplit,
+// 18.9 in 4 chunks; B = 32 x 1024: 37.2 vs 41.8 in 2; B = 32 x 8192: 244.0 vs 251.5 in 2).
+// B = 1 (8 CTAs unsplit) still takes 8 chunks.
+inline int64_t decode_target_ctas(int sm_count) { return std::max(sm_count / 2, 1); }
+
 struct SplitPlan {
   int num_splits;  // key chunks per (b, kv_head, row block)
   int chunk_keys;  // keys per chunk, a multiple of `align`
@@ -34,20 +42,20 @@ struct SplitPlan {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // work: CTAs without a split; max_keys: most keys any row can see (shape bound); align: chunk
-// granularity (lcm of page size and key tile); wave: CTAs resident at once (SMs x CTAs per SM);
-// target_waves: split until work * splits reaches this many waves (2 for decode keeps every SM
-// busy when one request's chunks end early); max_auto_splits: most chunks chosen that way;
-// forced_splits: 0 = choose, n > 0 = n chunks (tests, benchmarks), clamped to what fits.
-inline SplitPlan plan_splits(int64_t work, int64_t max_keys, int align, int64_t wave,
-                             int target_waves, int max_auto_splits, int forced_splits) {
+// granularity (lcm of page size and key tile); target_ctas: split until work * splits reaches
+// this many CTAs (decode_target_ctas for decode, one wave of resident CTAs for prefill);
+// max_auto_splits: most chunks chosen that way; forced_splits: 0 = choose, n > 0 = n chunks
+// (tests, benchmarks), clamped to what fits.
+inline SplitPlan plan_splits(int64_t work, int64_t max_keys, int align, int64_t target_ctas,
+                             int max_auto_splits, int forced_splits) {
   max_keys = std::max<int64_t>(max_keys, 1);
   work = std::max<int64_t>(work, 1);
   const int64_t most = std::min<int64_t>(ceil_div(max_keys, align), kMaxSplits);
   int64_t splits = 1;
   if (forced_splits > 0) {
     splits = forced_splits;
-  } else if (work < target_waves * wave) {
-    const int64_t to_fill = target_waves * wave / work;
+  } else if (work < target_ctas) {
+    const int64_t to_fill = target_ctas / work;
     const int64_t by_chunk = max_keys / kMinChunkKeys;
     splits = std::min({to_fill, by_chunk, int64_t{max_auto_splits}});
   }
