@@ -243,14 +243,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       int32_t length;  // p.kv.length(w.b) in lane 0
       KVRow first;     // this thread's key of the item's first tile
     };
-    // The item's Q rows are prefetched into L2 at the same time: its Q copy waits for the
-    // previous item's last Q K^T, and from HBM it would then hold up the switch.
     auto load_ahead = [&](int index) -> Ahead {
       const WorkItem w = PersistentSchedule::item_at(p, index);
-      const int q_row = w.row_block * C::kRows + thread;
-      if (q_row < p.query_len * p.group) {
-        prefetch_l2_bulk(p.q + q_row_offset(p, w.b, w.kv_head, q_row), kHeadDim * sizeof(T));
-      }
       return {w, thread % 32 == 0 ? p.kv.length(w.b) : 0,
               p.kv.locate(w.b, chunk_begin(p, w.split) + thread)};
     };

@@ -93,11 +93,6 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Starts moving `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2 (sm_90).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // ---- cp.async (sm_80+) ------------------------------------------------------------------------
 
 // 16-byte global -> shared copy that bypasses L1. valid == false writes 16 zero bytes and reads
