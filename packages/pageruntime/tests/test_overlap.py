@@ -24,6 +24,9 @@ from pageruntime.testing import (
     reference_output,
 )
 
+# Runs of a scenario that a race in MLX's CPU stream can preempt (see its test).
+_ATTEMPTS = 20
+
 
 def _engine(model: ContextHashModel, *, overlap: bool, **kwargs: object) -> Engine:
     options: dict[str, object] = dict(num_pages=64, page_size=4, prefill_step=8)
@@ -287,9 +290,11 @@ def test_random_traces_give_every_request_the_same_tokens(seed: int) -> None:
     assert results[True] == results[False]
 
 
-def test_an_interrupt_ahead_of_a_failed_step_leaves_no_failed_storage_behind() -> None:
-    # Step n fails lazily (at context 6); the host is interrupted while it builds step n + 1,
-    # before step n is collected: step n's storage must not stay the engine's.
+def _interrupt_ahead_of_a_lazy_failure() -> tuple[Engine, bool]:
+    """Step n fails lazily (at context 6) and the host is interrupted while it builds step
+    n + 1. Returns the engine and whether that happened: MLX raises the failure already when
+    step n is submitted if its CPU task ran first (a race with the worker thread), and then
+    nothing is launched ahead."""
     state = {"failed": False, "interrupted": False}
 
     class InterruptedAfterFailure(FailingModel):
@@ -307,10 +312,26 @@ def test_an_interrupt_ahead_of_a_failed_step_leaves_no_failed_storage_behind() -
 
     engine = _engine(InterruptedAfterFailure(fail_when, lazy=True), overlap=True)
     engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8))
-    with pytest.raises(KeyboardInterrupt):
+    try:
         while engine.has_unfinished():
             engine.step()
-    assert state["interrupted"]
+    except KeyboardInterrupt:
+        assert state["interrupted"]
+        return engine, True
+    assert state["failed"] and not state["interrupted"]
+    return engine, False
+
+
+def test_an_interrupt_ahead_of_a_failed_step_leaves_no_failed_storage_behind() -> None:
+    # The interrupt comes before step n is collected: step n's storage must not stay the
+    # engine's. Runs where the failure surfaced at submission leave nothing behind either.
+    for _ in range(_ATTEMPTS):
+        engine, interrupted = _interrupt_ahead_of_a_lazy_failure()
+        if interrupted:
+            break
+        _assert_pool_empty(engine)
+    else:
+        pytest.fail(f"the interrupt never came ahead of the failed step in {_ATTEMPTS} runs")
     while engine.has_unfinished():
         engine.step()
     _assert_pool_empty(engine)
