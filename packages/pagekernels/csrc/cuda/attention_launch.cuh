@@ -200,8 +200,9 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     // The wgmma kernel bulk-copies runs of consecutive K/V rows (row = element offset / D).
     const int64_t storage_rows = static_cast<int64_t>(k.size()) / s.head_dim;
     const int box_rows = tma_box_rows(kv);
-    if (choice.persistent && box_rows > 0 && storage_rows >= box_rows &&
-        storage_rows <= std::numeric_limits<int32_t>::max()) {
+    const bool fits = storage_rows >= box_rows &&
+                      storage_rows <= std::numeric_limits<int32_t>::max();  // int row coordinates
+    if (choice.persistent && s.head_dim == WgmmaConfig<T, 3>::kHeadDim && box_rows > 0 && fits) {
       p.tma.k = rows_tensor_map<T>(p.k, storage_rows, s.head_dim, box_rows);
       p.tma.v = rows_tensor_map<T>(p.v, storage_rows, s.head_dim, box_rows);
       p.tma.box_rows = box_rows;

@@ -8,8 +8,7 @@
 // CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
 // (producer) resolves each item's rows, loads its Q tile and streams its 128-key K/V tiles into
 // a ring of kStages stages (TMA for runs of consecutive rows, cp.async for the rest), doing
-// every block-table lookup and address calculation. Buffers
-// change hands through mbarriers:
+// every block-table lookup and address calculation. Buffers change hands through mbarriers:
 //   full[s]   completes when the tile's copies have landed (each producer thread arrives once
 //             its cp.async copies complete, and each producer warp's lane 0 after storing the
 //             stage's unmapped-key word, adding the bytes its TMA copies deliver);
@@ -136,8 +135,8 @@ struct KVTileProducer {
     return p.kv.locate(b, begin + tile * C::kTile + key);
   }
 
-  // The lanes of this warp whose rows TMA copies: runs of box_rows lanes, starting at a
-  // multiple of box_rows, whose rows all sit box_rows consecutive rows from the first.
+  // The lanes of this warp whose rows TMA copies: the box-aligned runs of box_rows lanes whose
+  // rows are all present and consecutive in storage.
   __device__ __forceinline__ uint32_t bulk_lanes(int64_t offset, int lane) const {
     const int box = p.tma.box_rows;
     if (box == 0) return 0;
@@ -232,10 +231,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   if (tid >= C::kConsumerThreads) {  // producer
     release_registers<C::kProducerRegs>();
     const int thread = tid - C::kConsumerThreads;
-    // Each item's request length and first-tile page are loaded one item ahead, so an item
-    // switch issues its Q and first K/V copies without waiting on a global load (at 94750e8 the
-    // context_lens load was 8 % of the producer's stall samples, and the consumers waited on
-    // q_full in 15 % of theirs).
+    // Each item's request length and first-tile pages are loaded one item ahead, so an item
+    // switch issues its Q and first K/V copies without waiting on a global load (which the
+    // consumers, waiting on q_full, would wait for too).
     // Only lane 0 loads the length and the others take it by shuffle when the item starts: a
     // warp-uniform load would go to a uniform register right away, waiting for it there.
     struct Ahead {
@@ -250,6 +248,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     };
     int index = schedule.item_index(0);
     Ahead ahead = index >= 0 ? load_ahead(index) : Ahead{};
+    // Only the last round can have no item for this CTA (the consumers `continue` there).
     for (int round = 0; round < rounds && index >= 0; ++round) {
       const int num_keys = p.kv.keys(__shfl_sync(0xffffffffu, ahead.length, 0));
       const CtaRows cta = cta_rows(p, C::kRows, ahead.w, num_keys);
@@ -293,7 +292,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
       ++items_done;
     }
-    cp_async_wait_all();  // no copy outlives its thread (the consumers wait on them anyway)
+    // No cp.async outlives its thread; the TMA copies land before the consumers, which wait on
+    // full for every tile, let the CTA exit.
+    cp_async_wait_all();
     return;
   }
 
@@ -376,7 +377,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     for (int i = 0; i < num_tiles; ++i) {
       const int seq = tiles_done + i;
       mbarrier_wait(&full[seq % kStages], (seq / kStages) & 1);
-      fence_proxy_async();  // the tile's bytes, written by cp.async, are read by wgmma
+      // The tile's cp.async rows are read by wgmma (TMA rows are async-proxy writes already).
+      fence_proxy_async();
       const int t0 = begin + i * C::kTile;
       const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 

@@ -6,7 +6,7 @@
 // A lookup happens in two steps so kernels can overlap the table load with other work:
 //   locate(b, t) -> KVRow (issues the block_table load)  ...  offset(row, h) -> element offset.
 // Nothing reads the loaded entry before offset(): a check in locate() would make the thread
-// wait for the load right there (session 9: the wgmma producer did, once per tile).
+// wait for the load right there.
 // offset() returns -1 for rows that are padding or outside storage: kernels zero-fill those and
 // mask their scores, and never dereference them.
 #pragma once
@@ -19,7 +19,8 @@ namespace pagekernels::cuda {
 
 struct KVRow {
   // Physical page (paged: the block_table entry as loaded, validated only by offset(), so
-  // the load stays in flight until then) or batch row (dense); -1 = unmapped.
+  // the load stays in flight until then; outside [0, num_pages) = unmapped) or batch row
+  // (dense; -1 = past the sequence).
   int32_t page;
   int slot;  // position inside the page
 };

@@ -26,12 +26,12 @@ constexpr int kMaxSplits = 65535;  // gridDim.y
 // and 8 shapes measured the planner already chose at most 8.
 constexpr int kMaxAutoDecodeSplits = 8;
 
-// CTAs the decode planner splits for: half as many as SMs. On the H200 (operator benchmark,
-// bf16, Hkv 8, page 16; results/h200/session9/94750e8-tma) 64 unsplit CTAs already stream K/V
-// at 4.3 TB/s (B = 8 x 8192: 62.5 us unsplit, 61.9 in 2 chunks, 71.1 in the 8 that a target of
-// two waves of CTA slots chose), and every split adds the merge (B = 8 x 1024: 14.1 us unsplit,
-// 18.9 in 4 chunks; B = 32 x 1024: 37.2 vs 41.8 in 2; B = 32 x 8192: 244.0 vs 251.5 in 2).
-// B = 1 (8 CTAs unsplit) still takes 8 chunks.
+// CTAs the decode planner splits for: half as many as SMs, tuned on the H200 for the decode mma
+// kernel (operator benchmark, bf16, Hkv 8, D 128, page 16; results/h200/session9/94750e8-tma),
+// where 64 unsplit CTAs already stream K/V at 4.3 TB/s (B = 8 x 8192: 62.5 us unsplit, 61.9 in 2
+// chunks, 71.1 in the 8 that a target of two waves of CTA slots chose), and every split adds the
+// merge (B = 8 x 1024: 14.1 us unsplit, 18.9 in 4 chunks; B = 32 x 1024: 37.2 vs 41.8 in 2; B = 32
+// x 8192: 244.0 vs 251.5 in 2). B = 1 (8 CTAs unsplit) still takes 8 chunks.
 inline int64_t decode_target_ctas(int sm_count) { return std::max(sm_count / 2, 1); }
 
 struct SplitPlan {
