@@ -51,8 +51,8 @@ struct WgmmaConfig {
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
   // thread at 384 threads). More would make setmaxnreg.inc wait forever.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     kThreads * kLaunchRegs,
