@@ -17,8 +17,7 @@
 //             whose rows end before the tile);
 //   q_full    completes when an item's Q tile has landed and its CtaRows are in shared memory
 //             (two slots, by item parity, so the consumers' epilogue can still read the last);
-//   q_empty   completes when every consumer warp has loaded its rows of the item's Q into
-//             registers (at the item's start: the next item's Q is copied while it runs).
+//   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
 // No CTA-wide barrier runs inside the loops, so the two consumers drift apart; named barriers
 // keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
@@ -51,8 +50,8 @@ struct WgmmaConfig {
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
   // thread at 384 threads). More would make setmaxnreg.inc wait forever.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     kThreads * kLaunchRegs,
@@ -83,7 +82,9 @@ struct WgmmaConfig {
   static_assert(kItemOffset % alignof(CtaRows) == 0 && kBarrierOffset % 8 == 0,
                 "work items and mbarriers are aligned");
 
-  // Named barrier ids, one per consumer for the ping-pong.
+  // Named barrier ids: consumers only (Q with a folded scale), and one per consumer for the
+  // ping-pong.
+  static constexpr int kConsumerBarrier = 1;
   static constexpr int kTurnBarrier0 = 2;
 };
 
@@ -310,6 +311,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
   // Descriptors of stage 0; a stage, column block or k step adds its byte offset >> 4 to the
   // start address field (the low 14 bits, which never carry: shared memory is < 256 KB).
   const uint64_t k_desc = smem_descriptor(k_ring, 16, kSwizzleAtomBytes);
+  // This warpgroup's 64 rows of Q, K-major like K (column blocks kRows rows apart).
+  const uint64_t q_desc = smem_descriptor(q_tile + group_row0 * 64, 16, kSwizzleAtomBytes);
   const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
   auto stage_offset = [](int seq) -> uint64_t { return ((seq % kStages) * C::kTileBytes) >> 4; };
   const int my_turn = C::kTurnBarrier0 + group;
@@ -319,18 +322,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     if (schedule.item_index(round) < 0) continue;
     mbarrier_wait(q_full, items_done & 1);
     const CtaRows& cta = items[items_done % 2];
-    // This warp's 16 rows of Q as the A fragments of Q K^T (k step ds: dims 16 ds .. +15). With
-    // Q in registers the shared tile is free at once: the producer copies the next item's Q
-    // while this item runs.
-    uint32_t qf[C::kDimSteps][4];
-#pragma unroll
-    for (int ds = 0; ds < C::kDimSteps; ++ds) {
-      ldmatrix_x4(qf[ds], q_tile + swizzle128_position<C::kRows>(warp_row0 + lane % 16,
-                                                                  2 * ds + lane / 16));
-    }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(q_empty);
-    if (p.scale_log2 <= 0.0f) fold_scale_sign(qf, p.scale_log2);
     const int begin = cta.range.begin;
     const int num_tiles = tile_count<C::kTile>(begin, cta.range.end);
     const int unmasked_end = min(cta.range.all_rows, cta.range.end);
@@ -344,6 +335,12 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     const int group_last = min(cta.row_begin + group_row0 + C::kGroupRows, cta.row_end) - 1;
     const int group_end = group_last >= cta.row_begin + group_row0 ? cta.limit(p, group_last) : 0;
 
+    if (p.scale_log2 <= 0.0f) {
+      fold_scale_sign<C::kConsumerThreads>(q_tile, C::kRows * kHeadDim, p.scale_log2);
+    }
+    fence_proxy_async();  // Q, written by cp.async (and the fold), is read by wgmma
+    if (p.scale_log2 <= 0.0f) named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
+
     // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
     if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
@@ -355,6 +352,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     bool has_p = false;
     auto release_stage = [&](int seq) {
       if (lane == 0) mbarrier_arrive(&empty[seq % kStages]);
+    };
+    // After the item's last Q K^T (or its last tile, when it computes none) Q may be replaced.
+    auto release_q = [&](int i) {
+      if (i == num_tiles - 1 && lane == 0) mbarrier_arrive(q_empty);
     };
     // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
     // waits for.
@@ -391,14 +392,16 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       // cannot prove an accumulator untouched between issue and wait on every path.
       named_barrier_sync(my_turn, C::kConsumerThreads);
       if (compute) {
-        // S = Q K^T: k step ds reads dims 16 ds .. +15 of every key row, 32 (ds % 4) bytes
-        // into the 128-byte rows of column block ds / 4.
+        // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
+        // bytes into the 128-byte rows of column block ds / 4.
         float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
         wgmma_fence();
 #pragma unroll
         for (int ds = 0; ds < C::kDimSteps; ++ds) {
           const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
-          wgmma_rs<T, 0>(s, qf[ds], k_desc + stage_offset(seq) + (k_offset >> 4), ds > 0);
+          const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+          wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
+                      ds > 0);
         }
         wgmma_commit();
         if (has_p) {
@@ -410,6 +413,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
           wgmma_wait<0>();
         }
         fence_registers(s);
+        release_q(i);
         const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
         uint32_t any_unmapped = 0;
 #pragma unroll
@@ -442,10 +446,12 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         } else {
           pass_turn(i);
         }
+        release_q(i);
         release_stage(seq);  // not read by this warpgroup
         has_p = false;
       }
     }
+    if (num_tiles == 0 && lane == 0) mbarrier_arrive(q_empty);
     if (has_p) {
       issue_pv(tiles_done + num_tiles - 1);
       wgmma_wait<0>();

@@ -30,18 +30,6 @@ __device__ __forceinline__ void fold_scale_sign(T* q_tile, int elems, float scal
   }
 }
 
-// The same for Q fragments in registers (two 16-bit elements per word).
-template <int kSteps>
-__device__ __forceinline__ void fold_scale_sign(uint32_t (&q)[kSteps][4], float scale_log2) {
-  const uint32_t flip = scale_log2 < 0.0f ? 0x80008000u : 0u;
-  const uint32_t keep = scale_log2 < 0.0f ? 0xffffffffu : 0u;
-#pragma unroll
-  for (int i = 0; i < kSteps; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) q[i][e] = (q[i][e] ^ flip) & keep;
-  }
-}
-
 // Copies the CTA's kRows packed query rows (zero rows past row_end) into q_tile as one
 // cp.async group; position(row, chunk) is where 16-byte chunk `chunk` of a row goes.
 template <int kRows, int kHeadDim, int kThreads, typename T, typename P, typename Position>
