@@ -67,8 +67,6 @@ struct WgmmaConfig {
   static constexpr int kScoreBlocks = kTile / 8;
   static constexpr int kOutBlocks = kHeadDim / 8;
   static constexpr int kMaskWords = kTile / 32;  // unmapped-key bits of a stage, one per key
-  // Every kFmaExpEvery-th score block takes its exponentials on the FMA pipe (softmax_scores).
-  static constexpr int kFmaExpEvery = 4;
 
   // Shared memory: K stages, V stages, the Q tile, per-stage mask words, two work-item slots,
   // the mbarriers (full[kStages], empty[kStages], q_full, q_empty).
@@ -424,7 +422,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
           auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
           mask_scores(s, mapped, 0, t0, limit, lane);
         }
-        softmax_scores<C::kFmaExpEvery>(s, m, d, c, alpha);
+        softmax_scores(s, m, d, c, alpha);
         // The wait heads a block of its own: ptxas moves a wgmma wait to the top of its
         // basic block, which here would put the wait for P V ahead of the softmax.
         if (has_p) {

@@ -163,19 +163,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x for x <= 0 on the FMA pipe instead of the MUFU (which does 16 exponentials per clock and
-// SM against 128 FMAs): x = j + f with j = round(x) and |f| <= 1/2, 2^f by a cubic (relative
-// error 1.0e-4, below the 16-bit probabilities it feeds), 2^j added to the exponent field.
-// Arguments below -127 give 0 (or a denormal), -inf included.
-__device__ __forceinline__ float fma_exp2(float x) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound holds round(x) in its low bits
-  x = fmaxf(x, -127.0f);
-  const float shifted = x + kRound;
-  const float f = x - (shifted - kRound);
-  const float p = fmaf(fmaf(fmaf(0.05500895f, f, 0.24221102f), f, 0.69328293f), f, 1.0f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
 // Sum over aligned groups of kWidth consecutive lanes (kWidth a power of two <= 32).
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float x) {

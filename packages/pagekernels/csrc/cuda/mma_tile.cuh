@@ -68,9 +68,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mappe
 // factor by which the rows' outputs must be rescaled (rescale_rows). The max and the sum run
 // as two independent chains: with two warps per scheduler (the wgmma kernel), a serial
 // chain of kBlocks dependent FMNMX / FADD costs more than the instructions themselves.
-// kFmaEvery > 0: every kFmaEvery-th block takes its exponentials on the FMA pipe (fma_exp2),
-// the rest on the MUFU.
-template <int kFmaEvery = 0, int kBlocks>
+template <int kBlocks>
 __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m)[2],
                                                float (&d)[2], float c, float (&alpha)[2]) {
   static_assert(kBlocks % 2 == 0, "pairs of score blocks");
@@ -91,8 +89,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        const float x = fmaf(s[n][e], c, -m_use);
-        s[n][e] = kFmaEvery > 0 && n % kFmaEvery == kFmaEvery - 1 ? fma_exp2(x) : fast_exp2(x);
+        s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
         partial_sum[n % 2] += s[n][e];
       }
     }
