@@ -22,9 +22,8 @@
 // keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
 // a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
-// shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T, rescale O to
-// P_{j-1}'s row max (under S_j), issue O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while
-// P V runs, wait, pack P_j.
+// shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
 // Outputs go from the accumulators straight to global memory (the ring is busy with the next
 // item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
@@ -348,7 +347,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     float m[2] = {-INFINITY, -INFINITY};
     float d[2] = {};
     uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
-    float alpha[2] = {1.0f, 1.0f};  // O's rescale to pf's row max, due before pf's P V
     bool has_p = false;
     auto release_stage = [&](int seq) {
       if (lane == 0) mbarrier_arrive(&empty[seq % kStages]);
@@ -366,9 +364,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     // 16 kb .. +15 (two swizzle atoms); the n = 128 columns span two column blocks kTile rows
     // apart.
     auto issue_pv = [&](int seq) {
-      // Skipped (warp-uniformly) when no row of the warp has a new max, the common case
-      // after a row's first tiles. Here, after Q K^T's issue, it runs under that MMA.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
       fence_registers(o);
       fence_registers(pf);
       wgmma_fence();
@@ -422,17 +417,15 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
           auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
           mask_scores(s, mapped, 0, t0, limit, lane);
         }
+        float alpha[2];
         softmax_scores(s, m, d, c, alpha);
-        // The wait heads a block of its own: ptxas moves a wgmma wait to the top of its
-        // basic block, which here would put the wait for P V ahead of the softmax.
-        if (has_p) {
-          wgmma_wait<0>();
-          release_stage(seq - 1);
-        } else {
-          wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
+        if (has_p) release_stage(seq - 1);
+        // Skipped (warp-uniformly) when no row of the warp has a new max, the common case
+        // after a row's first tiles.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
 #pragma unroll
         for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
         has_p = true;
