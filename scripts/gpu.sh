@@ -157,10 +157,12 @@ if has_stage profile; then
 fi
 section "done"
 # A device call returns at most 8 files: past that, everything goes into one archive, so no
-# result is left behind (unpack it with `tar xzf gpu-results.tgz`).
+# result is left behind (unpack it with `tar xzf gpu-results.tgz`). An archive from an earlier
+# gpu.sh in the same call is unpacked first, so its files go into the new one.
 files=("$OUT"/*)
 if [ "${#files[@]}" -gt "${MAX_OUT_FILES:-8}" ]; then
-  (cd "$OUT" && tar czf gpu-results.tgz --exclude gpu-results.tgz -- * && \
+  (cd "$OUT" && { [ ! -f gpu-results.tgz ] || { tar xzf gpu-results.tgz && rm gpu-results.tgz; }; } && \
+    tar czf gpu-results.tgz -- * && \
     find . -maxdepth 1 -type f ! -name gpu-results.tgz -delete) && \
     echo "bundled ${#files[@]} files into $OUT/gpu-results.tgz"
 fi

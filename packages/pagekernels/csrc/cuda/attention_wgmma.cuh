@@ -23,7 +23,9 @@
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
 // a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
 // shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax while P V runs, wait, rescale O, pack P_j.
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax, wait, rescale O, pack P_j. (ptxas hoists
+// the second wait above the softmax, so the softmax runs under the other warpgroup's MMAs
+// only; keeping it below measured slower: NOTES.md.)
 // Outputs go from the accumulators straight to global memory (the ring is busy with the next
 // item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
@@ -402,7 +404,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         if (has_p) {
           issue_pv(seq - 1);
           pass_turn(i);
-          wgmma_wait<1>();  // S only; P V keeps the tensor cores busy during the softmax
+          wgmma_wait<1>();  // S only (P V's wait lands before the softmax anyway: see the top)
         } else {
           pass_turn(i);
           wgmma_wait<0>();
