@@ -164,5 +164,5 @@ if [ "${#files[@]}" -gt "${MAX_OUT_FILES:-8}" ]; then
   (cd "$OUT" && { [ ! -f gpu-results.tgz ] || { tar xzf gpu-results.tgz && rm gpu-results.tgz; }; } && \
     tar czf gpu-results.tgz -- * && \
     find . -maxdepth 1 -type f ! -name gpu-results.tgz -delete) && \
-    echo "bundled ${#files[@]} files into $OUT/gpu-results.tgz"
+    echo "bundled $(tar tzf "$OUT/gpu-results.tgz" | wc -l) files into $OUT/gpu-results.tgz"
 fi

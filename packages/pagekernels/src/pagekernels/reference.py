@@ -64,10 +64,14 @@ DECODER_LAYER_TOLERANCE: dict[mx.Dtype, float] = {
 }
 
 
+def _mapped_pages(block_table: mx.array, num_pages: int) -> mx.array:
+    """`[B, max_pages]`: whether each page entry names a stored page."""
+    return (block_table >= 0) & (block_table < num_pages)
+
+
 def _mapped_keys(block_table: mx.array, num_pages: int, page_size: int) -> mx.array:
     """`[B, max_pages * page_size]`: whether each logical key's page entry names a stored page."""
-    mapped_pages = (block_table >= 0) & (block_table < num_pages)
-    return mx.repeat(mapped_pages, page_size, axis=1)
+    return mx.repeat(_mapped_pages(block_table, num_pages), page_size, axis=1)
 
 
 def gather_kv(
@@ -86,7 +90,7 @@ def gather_kv(
     B, max_pages = block_table.shape
     positions = mx.arange(max_pages * page_size)
     live = _mapped_keys(block_table, P, page_size) & (positions[None, :] < context_lens[:, None])
-    page_ids = mx.where((block_table >= 0) & (block_table < P), block_table, 0)
+    page_ids = mx.where(_mapped_pages(block_table, P), block_table, 0)
 
     def dense(pages: mx.array) -> mx.array:
         rows = pages[page_ids]  # [B, max_pages, Hkv, ps, D]

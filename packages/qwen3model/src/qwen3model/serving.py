@@ -229,21 +229,26 @@ class _TimedModel:
             self._last_decode = None  # a prefill call ends the run of decode-only steps
             if self.overlapped:
                 mx.eval(kv.step_arrays())  # the decode call launched before this one
-            start = time.perf_counter()
-            logits = self._step_and_track(tokens, metadata, kv)
-            mx.eval(logits, *kv.step_arrays())
-            self.prefill_s += time.perf_counter() - start
+            logits, elapsed = self._synchronised_step(tokens, metadata, kv)
+            self.prefill_s += elapsed
             return logits
         rows = sum(n > 0 for n in metadata.context_lens_host)
         self._record_period(rows)
         if self.overlapped:  # timed by its period only: waiting here would undo the overlap
             return self._step_and_track(tokens, metadata, kv)
+        logits, elapsed = self._synchronised_step(tokens, metadata, kv)
+        self.decode_times.append(elapsed)
+        self.decode_rows.append(rows)
+        return logits
+
+    def _synchronised_step(
+        self, tokens: mx.array, metadata: BatchMetadata, kv: KVStorage | DenseKVStore
+    ) -> tuple[mx.array, float]:
+        """The call and its evaluation (logits and written storage), and the seconds they took."""
         start = time.perf_counter()
         logits = self._step_and_track(tokens, metadata, kv)
         mx.eval(logits, *kv.step_arrays())
-        self.decode_times.append(time.perf_counter() - start)
-        self.decode_rows.append(rows)
-        return logits
+        return logits, time.perf_counter() - start
 
     def _record_period(self, rows: int) -> None:
         now = time.perf_counter()
