@@ -10,6 +10,7 @@ module defines none (nothing to skip; the CPU kernels have their own tests).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -236,6 +237,42 @@ def test_any_finite_scale(make_paged, assert_close, scale, L, dtype):
     )  # fmt: skip
     out = run_gpu(case, mask="causal", scale=scale)
     assert_close(out, cpu_reference(case, mask="causal", scale=scale))
+
+
+@gpu_test
+@pytest.mark.parametrize("slope", [1e-3, 1e-2], ids=["growth_6", "growth_60"])
+@pytest.mark.parametrize(
+    ("L", "prefill_kernel"), [(600, "wgmma"), (600, "mma_sync"), (1, "wgmma")],
+    ids=["prefill_wgmma", "prefill_mma_sync", "decode"],
+)  # fmt: skip
+def test_growing_scores_move_the_running_max(
+    make_paged, assert_close, poison_allocator, slope, L, prefill_kernel
+):
+    """Scores that grow along the keys: every key t carries t * slope of a direction u that
+    every query leans towards, so a row's max grows by about 6 (or 60) in the exp2 domain per
+    128-key tile. The tensor-core softmax keeps a row's reference max until the max outgrows it
+    by 2^8 (mma_tile.cuh, kMaxGrowthLog2): this takes both branches, keep and move, many times
+    per row, where random keys would almost never move it after the first tile."""
+    case = make_paged(
+        contexts=[L + 1500, 900], num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
+        page_size=16, dtype=mx.bfloat16, seed=11,
+    )  # fmt: skip
+    u = np.random.default_rng(12).standard_normal(128).astype(np.float32)
+    keys = np.array(case.key_pages.astype(mx.float32))
+    for row, n in zip(case.table, case.lens, strict=True):
+        for t in range(n):
+            keys[row[t // case.page_size], :, t % case.page_size] += t * slope * u
+    queries = np.array(case.queries.astype(mx.float32)) + 3 * u
+    case = dataclasses.replace(
+        case,
+        queries=mx.array(queries).astype(mx.bfloat16),
+        key_pages=mx.array(keys).astype(mx.bfloat16),
+    )
+    expected = cpu_reference(case, mask="causal")
+    poison_allocator(case.queries.shape, mx.bfloat16)
+    with tuning(prefill_kernel=prefill_kernel):
+        out = run_gpu(case, mask="causal")
+    assert_close(out, expected)
 
 
 @gpu_test
