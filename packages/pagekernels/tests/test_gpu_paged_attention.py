@@ -250,9 +250,8 @@ def test_growing_scores_move_the_running_max(
 ):
     """Scores that grow along the keys: every key t carries t * slope of a direction u that
     every query leans towards, so a row's max grows by about 6 (or 60) in the exp2 domain per
-    128-key tile. The tensor-core softmax keeps a row's reference max until the max outgrows it
-    by 2^8 (mma_tile.cuh, kMaxGrowthLog2): this takes both branches, keep and move, many times
-    per row, where random keys would almost never move it after the first tile."""
+    128-key tile and the online softmax rescales a row's outputs on most tiles, by factors down
+    to 2^-60, where random keys stop moving the max after a row's first tiles."""
     case = make_paged(
         contexts=[L + 1500, 900], num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=16, dtype=mx.bfloat16, seed=11,

@@ -383,11 +383,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       fence_proxy_async();
       const int t0 = begin + i * C::kTile;
       const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
-      // Loaded here so the shared-memory latency passes under the MMAs.
-      const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
-      uint32_t any_unmapped = 0;
-#pragma unroll
-      for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
 
       // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
       // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
@@ -416,11 +411,13 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         }
         fence_registers(s);
         release_q(i);
-        if (any_unmapped != 0) {
+        const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
+        uint32_t any_unmapped = 0;
+#pragma unroll
+        for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
+        if (t0 + C::kTile > unmasked_end || any_unmapped != 0) {
           auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
           mask_scores(s, mapped, 0, t0, limit, lane);
-        } else if (t0 + C::kTile > unmasked_end) {  // the causal diagonal: no word to read
-          mask_scores(s, [](int) { return true; }, 0, t0, limit, lane);
         }
         float alpha[2];
         softmax_scores(s, m, d, c, alpha);

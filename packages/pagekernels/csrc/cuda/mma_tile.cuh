@@ -63,52 +63,37 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mappe
   }
 }
 
-// How far (in the exp2 domain) a row's running max may grow before the row's reference max moves
-// with it. Below that the row keeps its old reference: p = 2^(c s - m) stays <= 2^8, exact in
-// 16-bit P and far from overflowing the fp32 sums, and its outputs need no rescale (alpha = 1).
-// FlashAttention-4's lazy rescale: past a row's first tiles the rescale almost never runs.
-constexpr float kMaxGrowthLog2 = 8.0f;
-
 // One online-softmax step in the exp2 domain (c = scale * log2(e) > 0) for rows h = 0, 1:
-// updates the reference max m and sum d, turns s into p = 2^(c s - m) and returns in alpha the
-// factor by which the rows' outputs must be rescaled (rescale_rows; 1 while the reference stays,
-// or while the row had no key yet, its outputs and sum being zero). The max and the sum run as
-// four independent chains each: with two warps per scheduler (the wgmma kernel), a serial chain
-// of kBlocks dependent FMNMX / FADD costs more than the instructions themselves.
+// updates the running max m and sum d, turns s into p = 2^(c s - m) and returns in alpha the
+// factor by which the rows' outputs must be rescaled (rescale_rows). The max and the sum run
+// as two independent chains: with two warps per scheduler (the wgmma kernel), a serial
+// chain of kBlocks dependent FMNMX / FADD costs more than the instructions themselves.
 template <int kBlocks>
 __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m)[2],
                                                float (&d)[2], float c, float (&alpha)[2]) {
-  constexpr int kChains = kBlocks < 4 ? kBlocks : 4;
-  static_assert(kBlocks % kChains == 0, "whole chains of score blocks");
+  static_assert(kBlocks % 2 == 0, "pairs of score blocks");
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float partial_max[kChains];
+    float partial_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
-      const float pair = fmaxf(s[n][2 * h], s[n][2 * h + 1]);
-      partial_max[n % kChains] = n < kChains ? pair : fmaxf(partial_max[n % kChains], pair);
+      partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     }
-#pragma unroll
-    for (int k = 1; k < kChains; ++k) partial_max[0] = fmaxf(partial_max[0], partial_max[k]);
-    const float row_max = group_max<4>(partial_max[0]);
-    const float candidate = row_max * c;
-    // False while the row has no key (m = -inf) unless this tile has none either, and for NaN.
-    const bool keep = candidate <= m[h] + kMaxGrowthLog2;
-    alpha[h] = keep || m[h] == -INFINITY ? 1.0f : fast_exp2(m[h] - candidate);
-    if (!keep) m[h] = candidate;
-    const float m_use = m[h] == -INFINITY ? 0.0f : m[h];  // no key so far: p = 0
-    float partial_sum[kChains] = {d[h] * alpha[h]};
+    const float row_max = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
+    const float m_new = fmaxf(m[h], row_max * c);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
+    alpha[h] = fast_exp2(m[h] - m_use);
+    m[h] = m_new;
+    float partial_sum[2] = {d[h] * alpha[h], 0.0f};
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
         s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
-        partial_sum[n % kChains] += s[n][e];
+        partial_sum[n % 2] += s[n][e];
       }
     }
-#pragma unroll
-    for (int k = 1; k < kChains; ++k) partial_sum[0] += partial_sum[k];
-    d[h] = partial_sum[0];
+    d[h] = partial_sum[0] + partial_sum[1];
   }
 }
 
