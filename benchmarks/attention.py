@@ -97,7 +97,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prefill-kernel",
-        choices=["auto", "mma_sync", "wgmma", "wgmma3"],
+        choices=["auto", "mma_sync", "wgmma"],
         default="auto",
         help="CUDA kernel of 128-row prefill tiles (wgmma: Hopper only)",
     )

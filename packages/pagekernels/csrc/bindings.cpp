@@ -36,8 +36,8 @@ NB_MODULE(_ext, m) {
         "Decode on tensor cores (float16/bfloat16, D = 64 or 128); False forces CUDA cores.");
   m.def("decode_tensor_cores", &pagekernels::cuda::decode_tensor_cores);
   m.def("set_prefill_kernel", &pagekernels::cuda::set_prefill_kernel, "name"_a,
-        "Kernel of the 128-row prefill tiles (16-bit, D = 128): 'auto', 'mma_sync', 'wgmma' or "
-        "'wgmma3' (sm_90 only).");
+        "Kernel of the 128-row prefill tiles (16-bit, D = 128): 'auto', 'mma_sync' or 'wgmma' "
+        "(sm_90 only).");
   m.def("prefill_kernel", &pagekernels::cuda::prefill_kernel_name);
 #else
   m.attr("with_cuda") = false;

@@ -217,7 +217,7 @@ def test_prefill128_kernels_match_reference(
     mask = "causal" if causal else None
     expected = cpu_reference(case, mask=mask)
     empty = [b for b, n in enumerate(contexts) if n == 0]
-    for kernel in ("wgmma", "wgmma3", "mma_sync"):
+    for kernel in ("wgmma", "mma_sync"):
         poison_allocator(case.queries.shape, dtype)
         with tuning(prefill_kernel=kernel):
             out = run_gpu(case, mask=mask)
@@ -242,9 +242,8 @@ def test_any_finite_scale(make_paged, assert_close, scale, L, dtype):
 @gpu_test
 @pytest.mark.parametrize("slope", [1e-3, 1e-2], ids=["growth_6", "growth_60"])
 @pytest.mark.parametrize(
-    ("L", "prefill_kernel"),
-    [(600, "wgmma"), (600, "wgmma3"), (600, "mma_sync"), (1, "wgmma")],
-    ids=["prefill_wgmma", "prefill_wgmma3", "prefill_mma_sync", "decode"],
+    ("L", "prefill_kernel"), [(600, "wgmma"), (600, "mma_sync"), (1, "wgmma")],
+    ids=["prefill_wgmma", "prefill_mma_sync", "decode"],
 )  # fmt: skip
 def test_growing_scores_move_the_running_max(
     make_paged, assert_close, poison_allocator, slope, L, prefill_kernel
@@ -315,7 +314,7 @@ def test_new_metadata_values_with_the_same_shapes(make_paged, assert_close, L):
 def test_tuning_knobs_validate_and_restore():
     with pytest.raises(ValueError, match="split count"):
         _ext.set_decode_num_splits(-1)
-    with pytest.raises(ValueError, match="expected one of auto, mma_sync, wgmma, wgmma3"):
+    with pytest.raises(ValueError, match="expected one of auto, mma_sync, wgmma"):
         _ext.set_prefill_kernel("flash")
     knobs = {"decode_num_splits": 3, "prefill_num_splits": 2, "decode_tensor_cores": False,
              "prefill_kernel": "mma_sync"}  # fmt: skip

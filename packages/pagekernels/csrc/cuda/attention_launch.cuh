@@ -105,16 +105,12 @@ KernelChoice<T, KV> mma_kernel(int head_dim, MmaLayout layout) {
   return head_dim == 64 ? mma_choice_for<T, 64, KV>(layout) : mma_choice_for<T, 128, KV>(layout);
 }
 
-// Warp-specialised and persistent: two consumer warpgroups on 128-key tiles in 3 stages
-// (230,592 B of shared memory), or three on 64-key tiles in 5 stages (knob "wgmma3").
+// Warp-specialised and persistent, 128-key tiles, 3 stages (230,592 B of shared memory).
 template <typename T, typename KV>
-KernelChoice<T, KV> wgmma_kernel(bool three_consumers) {
-  auto choice = [](auto config) -> KernelChoice<T, KV> {
-    using C = decltype(config);
-    return {&attention_wgmma_kernel<T, C::kStages, C::kConsumers, C::kTile, KV>, C::kThreads,
-            C::kSmemBytes, C::kRows, C::kTile, true};
-  };
-  return three_consumers ? choice(WgmmaConfig<T, 5, 3, 64>{}) : choice(WgmmaConfig<T, 3, 2, 128>{});
+KernelChoice<T, KV> wgmma_kernel() {
+  using C = WgmmaConfig<T, 3>;
+  return {&attention_wgmma_kernel<T, 3, KV>, C::kThreads, C::kSmemBytes, C::kRows, C::kTile,
+          true};
 }
 
 // 128-row prefill tiles use every K/V fragment for twice the rows (measured 1.2x faster than 64
@@ -164,8 +160,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
       // says mma_sync. D = 64 stays on mma.sync: its wgmma variant went wrong past the first tile.
       const bool wgmma = layout == MmaLayout::kPrefill128 && s.head_dim == 128 &&
                          prefill_kernel() != PrefillKernel::kMmaSync && is_sm90(enc);
-      choice = wgmma ? wgmma_kernel<T, KV>(prefill_kernel() == PrefillKernel::kWgmma3)
-                     : mma_kernel<T, KV>(s.head_dim, layout);
+      choice = wgmma ? wgmma_kernel<T, KV>() : mma_kernel<T, KV>(s.head_dim, layout);
     }
   }
   if (!tensor_cores) choice = simt_kernel<T, KV>(s.head_dim, rows);
@@ -208,7 +203,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     const int box_rows = tma_box_rows(kv);
     const bool fits = storage_rows >= box_rows &&
                       storage_rows <= std::numeric_limits<int32_t>::max();  // int row coordinates
-    if (choice.persistent && s.head_dim == 128 && box_rows > 0 && fits) {
+    if (choice.persistent && s.head_dim == WgmmaConfig<T, 3>::kHeadDim && box_rows > 0 && fits) {
       p.tma.k = rows_tensor_map<T>(p.k, storage_rows, s.head_dim, box_rows);
       p.tma.v = rows_tensor_map<T>(p.v, storage_rows, s.head_dim, box_rows);
       p.tma.box_rows = box_rows;

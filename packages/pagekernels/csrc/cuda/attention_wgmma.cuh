@@ -5,12 +5,10 @@
 // across CTAs), so one item's prologue and epilogue overlap the next item's loads instead of
 // leaving the tensor cores idle between CTAs.
 //
-// CTA = kConsumers + 1 warpgroups: two consumers on 128-key tiles (the default) or three on
-// 64-key tiles (knob "wgmma3"; the registers of a third warpgroup's S, O and P only fit with
-// 64-key score tiles). Each consumer owns 64 packed query rows; the last warpgroup (producer)
-// resolves each item's rows, loads its Q tile and streams its K/V tiles into a ring of kStages
-// stages (TMA for runs of consecutive rows, cp.async for the rest), doing every block-table
-// lookup and address calculation. Buffers change hands through mbarriers:
+// CTA = 3 warpgroups. Warpgroups 0 and 1 (consumers) own 64 packed query rows each; warpgroup 2
+// (producer) resolves each item's rows, loads its Q tile and streams its 128-key K/V tiles into
+// a ring of kStages stages (TMA for runs of consecutive rows, cp.async for the rest), doing
+// every block-table lookup and address calculation. Buffers change hands through mbarriers:
 //   full[s]   completes when the tile's copies have landed (each producer thread arrives once
 //             its cp.async copies complete, and each producer warp's lane 0 after storing the
 //             stage's unmapped-key word, adding the bytes its TMA copies deliver);
@@ -20,10 +18,10 @@
 //   q_full    completes when an item's Q tile has landed and its CtaRows are in shared memory
 //             (two slots, by item parity, so the consumers' epilogue can still read the last);
 //   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
-// No CTA-wide barrier runs inside the loops, so the consumers drift apart; named barriers keep
-// them apart (FlashAttention-3's ping-pong, a ring with three): consumer g issues its MMAs only
-// after consumer g - 1 issued theirs, so one warpgroup's softmax runs under the others' MMAs.
-// Inside a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
+// No CTA-wide barrier runs inside the loops, so the two consumers drift apart; named barriers
+// keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
+// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
+// a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
 // shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
 // O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax, wait, rescale O, pack P_j. (ptxas hoists
 // the second wait above the softmax, so the softmax runs under the other warpgroup's MMAs
@@ -40,31 +38,26 @@
 
 namespace pagekernels::cuda {
 
-template <typename T, int kStagesArg, int kConsumersArg, int kTileArg>
+template <typename T, int kStagesArg>
 struct WgmmaConfig {
   static constexpr int kHeadDim = 128;
-  static constexpr int kConsumers = kConsumersArg;  // consumer warpgroups, 64 rows each
-  static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kProducerThreads = 128;  // the last warpgroup
+  static constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+  static constexpr int kProducerThreads = 128;  // warpgroup 2
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   static constexpr int kGroupRows = 64;  // the m of wgmma
-  static constexpr int kRows = kConsumers * kGroupRows;
-  static constexpr int kTile = kTileArg;  // keys per stage: the n of Q K^T
+  static constexpr int kRows = 2 * kGroupRows;
+  static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
   static constexpr int kStages = kStagesArg;
-  static_assert((kConsumers == 2 && kTile == 128) || (kConsumers == 3 && kTile == 64),
-                "two warpgroups on 128-key tiles, or three on 64-key tiles (registers)");
   static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
-  // setmaxnreg budgets: 128 x 40 + 256 x 232 and 128 x 72 + 384 x 144 (64,512 each), what
-  // the CTA is launched with (168 per thread at 384 threads, 128 at 512). More would make
-  // setmaxnreg.inc wait forever.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 72;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 144;
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
+  // thread at 384 threads). More would make setmaxnreg.inc wait forever.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     kThreads * kLaunchRegs,
                 "the consumers' registers must come from the producer's");
-  static_assert(kRows <= 2 * kProducerThreads && kTile <= kProducerThreads,
-                "a producer thread resolves at most two rows of Q and one key of a tile");
+  static_assert(kRows == kProducerThreads, "each producer thread resolves one row of Q");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 &&
                     kConsumerRegs <= 256,
                 "setmaxnreg takes multiples of 8 in [24, 256]");
@@ -91,10 +84,9 @@ struct WgmmaConfig {
                 "work items and mbarriers are aligned");
 
   // Named barrier ids: consumers only (Q with a folded scale), and one per consumer for the
-  // ping-pong, each shared by the consumer that passes the turn and the one that takes it.
+  // ping-pong.
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kTurnBarrier0 = 2;
-  static constexpr int kTurnThreads = 2 * 128;
 };
 
 // How the producer's warps copy rows into 128-byte-swizzled [kRows][kHeadDim] tiles: warp w
@@ -197,13 +189,13 @@ struct KVTileProducer {
   }
 };
 
-template <typename T, int kStages, int kConsumers, int kTile, typename KV>
-__global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kThreads, 1)
+template <typename T, int kStages, typename KV>
+__global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the compute_90 PTX (later GPUs) has no wgmma: the launcher picks it on 9.0 only
 #else
-  using C = WgmmaConfig<T, kStages, kConsumers, kTile>;
+  using C = WgmmaConfig<T, kStages>;
   constexpr int kHeadDim = C::kHeadDim;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -225,7 +217,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], C::kTile + C::kTile / 32);  // the key threads and their warps
+      mbarrier_init(&full[s], C::kProducerThreads + C::kProducerThreads / 32);
       mbarrier_init(&empty[s], C::kConsumerThreads / 32);
     }
     mbarrier_init(q_full, C::kProducerThreads + 1);
@@ -241,7 +233,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
   if (tid >= C::kConsumerThreads) {  // producer
     release_registers<C::kProducerRegs>();
     const int thread = tid - C::kConsumerThreads;
-    const bool streams = C::kTile == C::kProducerThreads || thread < C::kTile;  // owns a key
     // Each item's request length and first-tile pages are loaded one item ahead, so an item
     // switch issues its Q and first K/V copies without waiting on a global load (which the
     // consumers, waiting on q_full, would wait for too).
@@ -266,18 +257,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
       KVRow next = ahead.first;
       index = round + 1 < rounds ? schedule.item_index(round + 1) : -1;
       if (index >= 0) ahead = load_ahead(index);
-      // Producer warp w copies Q rows 32 w .. 32 w + 31 and, with three consumers, warps 0 and 1
-      // also rows 128 + 32 w .. (pass 1).
-      auto copy_q_rows = [&](int pass) {
-        const int warp = pass * (C::kProducerThreads / 32) + thread / 32;
-        const int q_row = cta.row_begin + 32 * warp + thread % 32;
-        const int64_t q_offset =
-            q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
-        copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, warp, thread % 32, 0u,
-                                              [&](int dst, int64_t src, bool valid) {
-                                                cp_async_16(q_tile + dst, p.q + src, valid);
-                                              });
-      };
+      // Thread t copies Q row t (C::kRows == C::kProducerThreads).
+      const int q_row = cta.row_begin + thread;
+      const int64_t q_offset =
+          q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,
@@ -299,18 +282,16 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
       };
       // The first tile's stage is freed before the previous item's Q: stream it before
       // waiting on q_empty.
-      if (streams && num_tiles > 0) stream_tile(0);
+      if (num_tiles > 0) stream_tile(0);
       if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
       if (thread == 0) items[items_done % 2] = cta;
-      // One copy loop (not unrolled) for both passes: two inlined copies spill the producer.
-      const int q_passes = 1 + (C::kProducerThreads + thread / 32 * 32 < C::kRows);
-#pragma unroll 1
-      for (int pass = 0; pass < q_passes; ++pass) copy_q_rows(pass);
+      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32, 0u,
+                                            [&](int dst, int64_t src, bool valid) {
+                                              cp_async_16(q_tile + dst, p.q + src, valid);
+                                            });
       mbarrier_arrive_on_cp_async(q_full);
       if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
-      if (streams) {
-        for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
-      }
+      for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
       ++items_done;
     }
     // No cp.async outlives its thread; the TMA copies land before the consumers, which wait on
@@ -336,7 +317,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
   const uint64_t v_desc = smem_descriptor(v_ring, C::kTile * 128, kSwizzleAtomBytes);
   auto stage_offset = [](int seq) -> uint64_t { return ((seq % kStages) * C::kTileBytes) >> 4; };
   const int my_turn = C::kTurnBarrier0 + group;
-  const int next_turn = C::kTurnBarrier0 + (group + 1) % C::kConsumers;
+  const int other_turn = C::kTurnBarrier0 + 1 - group;
 
   for (int round = 0; round < rounds; ++round) {
     if (schedule.item_index(round) < 0) continue;
@@ -362,7 +343,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
     if (p.scale_log2 <= 0.0f) named_barrier_sync(C::kConsumerBarrier, C::kConsumerThreads);
 
     // Consumer 0 goes first: the ping-pong's first turn is its own arrival.
-    if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kTurnThreads);
+    if (group == 0 && num_tiles > 0) named_barrier_arrive(my_turn, C::kConsumerThreads);
 
     float o[C::kOutBlocks][4] = {};
     float m[2] = {-INFINITY, -INFINITY};
@@ -376,12 +357,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
     auto release_q = [&](int i) {
       if (i == num_tiles - 1 && lane == 0) mbarrier_arrive(q_empty);
     };
-    // The next consumer's turn to issue MMAs; the last consumer skips its last arrival, which
-    // nobody waits for.
+    // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
+    // waits for.
     auto pass_turn = [&](int i) {
-      if (group + 1 < C::kConsumers || i + 1 < num_tiles) {
-        named_barrier_arrive(next_turn, C::kTurnThreads);
-      }
+      if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
     };
     // O += P V of tile `seq` (asynchronous, one commit group): k step kb reads key rows
     // 16 kb .. +15 (two swizzle atoms); the n = 128 columns span two column blocks kTile rows
@@ -408,7 +387,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages, kConsumers, kTile>::kT
       // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
       // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
       // cannot prove an accumulator untouched between issue and wait on every path.
-      named_barrier_sync(my_turn, C::kTurnThreads);
+      named_barrier_sync(my_turn, C::kConsumerThreads);
       if (compute) {
         // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
         // bytes into the 128-byte rows of column block ds / 4.

@@ -15,7 +15,7 @@ std::atomic<int> g_prefill_splits{0};
 std::atomic<bool> g_decode_tensor_cores{true};
 std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::kAuto};
 
-constexpr const char* kPrefillKernelNames[] = {"auto", "mma_sync", "wgmma", "wgmma3"};
+constexpr const char* kPrefillKernelNames[] = {"auto", "mma_sync", "wgmma"};
 
 void check_splits(const char* name, int n) {
   if (n < 0) {
@@ -52,7 +52,7 @@ void set_prefill_kernel(const std::string& name) {
       return;
     }
   }
-  throw std::invalid_argument("[set_prefill_kernel] expected one of auto, mma_sync, wgmma, wgmma3, got '" +
+  throw std::invalid_argument("[set_prefill_kernel] expected one of auto, mma_sync, wgmma, got '" +
                               name + "'");
 }
 

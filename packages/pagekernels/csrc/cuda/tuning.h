@@ -23,10 +23,9 @@ bool decode_tensor_cores();
 // Which kernel runs the prefill schedule's 128-row tiles (float16/bfloat16, D = 128):
 //   "auto"      the fastest measured (docs/performance.md), the default: wgmma where possible;
 //   "mma_sync"  attention_mma (any sm_80+ GPU);
-//   "wgmma"     attention_wgmma (sm_90 only, else mma_sync);
-//   "wgmma3"    attention_wgmma with three consumer warpgroups on 64-key tiles (sm_90 only).
+//   "wgmma"     attention_wgmma (sm_90 only, else mma_sync).
 // Throws std::invalid_argument for any other name.
-enum class PrefillKernel { kAuto, kMmaSync, kWgmma, kWgmma3 };
+enum class PrefillKernel { kAuto, kMmaSync, kWgmma };
 void set_prefill_kernel(const std::string& name);
 std::string prefill_kernel_name();
 PrefillKernel prefill_kernel();

@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma) for the prefill kernel (attention_wgmma.cuh), sm_90a only: the
 // kernel guards its body for other targets. Shared memory matrix descriptors for the 128-byte
 // swizzle, the fence / commit / wait protocol, and m64n128k16 with A from registers (RS) or
-// from shared memory (SS), B from shared memory (and m64n64k16 SS for 64-key score tiles).
+// from shared memory (SS), B from shared memory.
 //
 // Layout of every shared operand (the Q tile, K and V tiles): 64-element column blocks of
 // [rows][64] elements, 128 bytes per row, 16-byte chunk c of row r stored at chunk c ^ (r % 8)
@@ -122,26 +122,6 @@ __device__ __forceinline__ void fence_registers(R (&regs)[N][4]) {
       : PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
-// m64n64k16: 32 fp32 accumulators per thread (%0..%31), then the operands.
-#define PAGEKERNELS_WGMMA_ACCUMULATORS_64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19," \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS_64 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-// Shared A (K-major) and B, n = 64: %32 = A descriptor, %33 = B descriptor, %34 = scale-d.
-#define PAGEKERNELS_WGMMA_SS_64(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
-      PAGEKERNELS_WGMMA_ACCUMULATORS_64 "}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
-      : PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS_64 \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-
 // acc (64 x 128, fp32) = (scale_d ? acc : 0) + A (64 x 16, registers) * B (16 x 128, shared);
 // kTransB = 0 for K-major B, 1 for MN-major B. Asynchronous: see wgmma_commit / wgmma_wait.
 template <typename T, int kTransB>
@@ -168,22 +148,7 @@ __device__ __forceinline__ void wgmma_ss(float (&acc)[16][4], uint64_t desc_a, u
   }
 }
 
-// The same with n = 64: acc (64 x 64, fp32) = (scale_d ? acc : 0) + A (64 x 16) * B (16 x 64).
-template <typename T>
-__device__ __forceinline__ void wgmma_ss(float (&acc)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                         int scale_d) {
-  float(&d)[32] = reinterpret_cast<float(&)[32]>(acc);
-  if constexpr (std::is_same_v<T, __half>) {
-    PAGEKERNELS_WGMMA_SS_64("f16");
-  } else {
-    PAGEKERNELS_WGMMA_SS_64("bf16");
-  }
-}
-
 #undef PAGEKERNELS_WGMMA_SS_128
-#undef PAGEKERNELS_WGMMA_SS_64
-#undef PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS_64
-#undef PAGEKERNELS_WGMMA_ACCUMULATORS_64
 #undef PAGEKERNELS_WGMMA_RS_128
 #undef PAGEKERNELS_WGMMA_ACCUMULATOR_OPERANDS
 #undef PAGEKERNELS_WGMMA_ACCUMULATORS
