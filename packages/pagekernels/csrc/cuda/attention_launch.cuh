@@ -203,7 +203,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
     const int box_rows = tma_box_rows(kv);
     const bool fits = storage_rows >= box_rows &&
                       storage_rows <= std::numeric_limits<int32_t>::max();  // int row coordinates
-    if (choice.persistent && s.head_dim == WgmmaConfig<T, 3>::kHeadDim && box_rows > 0 && fits) {
+    if (choice.persistent && box_rows > 0 && fits) {  // persistent: the wgmma kernel (D = 128)
       p.tma.k = rows_tensor_map<T>(p.k, storage_rows, s.head_dim, box_rows);
       p.tma.v = rows_tensor_map<T>(p.v, storage_rows, s.head_dim, box_rows);
       p.tma.box_rows = box_rows;
