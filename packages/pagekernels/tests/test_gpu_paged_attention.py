@@ -240,7 +240,7 @@ def test_any_finite_scale(make_paged, assert_close, scale, L, dtype):
 
 
 @gpu_test
-@pytest.mark.parametrize("slope", [1e-3, 1e-2], ids=["growth_6", "growth_60"])
+@pytest.mark.parametrize("slope", [1e-3, 1e-2, 2e-2], ids=["growth_6", "growth_60", "growth_120"])
 @pytest.mark.parametrize(
     ("L", "prefill_kernel"), [(600, "wgmma"), (600, "mma_sync"), (1, "wgmma")],
     ids=["prefill_wgmma", "prefill_mma_sync", "decode"],
@@ -249,9 +249,11 @@ def test_growing_scores_move_the_running_max(
     make_paged, assert_close, poison_allocator, slope, L, prefill_kernel
 ):
     """Scores that grow along the keys: every key t carries t * slope of a direction u that
-    every query leans towards, so a row's max grows by about 6 (or 60) in the exp2 domain per
+    every query leans towards, so a row's max grows by about 6, 60 or 120 in the exp2 domain per
     128-key tile and the online softmax rescales a row's outputs on most tiles, by factors down
-    to 2^-60, where random keys stop moving the max after a row's first tiles."""
+    to 2^-120, where random keys stop moving the max after a row's first tiles. The wgmma
+    kernel's lazy max takes each path here: growth below its margin (6), a moved max (60), and
+    scores so far past the max that it recomputes S (120)."""
     case = make_paged(
         contexts=[L + 1500, 900], num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=16, dtype=mx.bfloat16, seed=11,

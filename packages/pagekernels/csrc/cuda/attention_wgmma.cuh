@@ -376,6 +376,20 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       wgmma_commit();
     };
 
+    // S = Q K^T (asynchronous, one commit group): k step ds reads dims 16 ds .. +15 of every
+    // query and key row, 32 (ds % 4) bytes into the 128-byte rows of column block ds / 4.
+    auto issue_s = [&](float (&s)[C::kScoreBlocks][4], int seq) {
+      wgmma_fence();
+#pragma unroll
+      for (int ds = 0; ds < C::kDimSteps; ++ds) {
+        const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
+        const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+        wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
+                    ds > 0);
+      }
+      wgmma_commit();
+    };
+
     for (int i = 0; i < num_tiles; ++i) {
       const int seq = tiles_done + i;
       mbarrier_wait(&full[seq % kStages], (seq / kStages) & 1);
@@ -389,18 +403,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       // cannot prove an accumulator untouched between issue and wait on every path.
       named_barrier_sync(my_turn, C::kConsumerThreads);
       if (compute) {
-        // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
-        // bytes into the 128-byte rows of column block ds / 4.
         float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
-        wgmma_fence();
-#pragma unroll
-        for (int ds = 0; ds < C::kDimSteps; ++ds) {
-          const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
-          const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
-          wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
-                      ds > 0);
-        }
-        wgmma_commit();
+        issue_s(s, seq);
         if (has_p) {
           issue_pv(seq - 1);
           pass_turn(i);
@@ -415,12 +419,25 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         uint32_t any_unmapped = 0;
 #pragma unroll
         for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
-        if (t0 + C::kTile > unmasked_end || any_unmapped != 0) {
+        const bool masked = t0 + C::kTile > unmasked_end || any_unmapped != 0;
+        auto mask = [&] {
           auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
           mask_scores(s, mapped, 0, t0, limit, lane);
-        }
+        };
+        if (masked) mask();
         float alpha[2];
-        softmax_scores(s, m, d, c, alpha);
+        // After the rows' first scores the exponentials need not wait for the tile's max.
+        const bool lazy = __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+        if (!lazy) {
+          softmax_scores(s, m, d, c, alpha);
+        } else if (!softmax_scores_lazy_max(s, m, d, c, alpha)) {
+          // Rare: scores jumped by 2^64 over the rows' max. S again (K is still in its stage).
+          issue_s(s, seq);
+          wgmma_wait<0>();
+          fence_registers(s);
+          if (masked) mask();
+          softmax_scores(s, m, d, c, alpha);
+        }
         wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here

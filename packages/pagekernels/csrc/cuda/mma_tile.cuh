@@ -97,6 +97,67 @@ __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m
   }
 }
 
+// The online softmax step with the row max off the exponentials' critical path, for tiles after
+// a row's first (m finite): p = 2^(c s - m) against the max m the rows already have, while the
+// tile's own max is taken from the same c s - m values beside the exponentials. m moves only
+// when a row's scores outgrow it by more than 2^kLazyMaxMargin (FlashAttention-4's lazy
+// rescale; the 16-bit P and the fp32 sums take values up to 2^8 without loss), and then the
+// tile's p and the row's sum are scaled down to the new max. Returns false, touching none of
+// m, d and alpha, when a score outgrew m by 2^kLazyMaxOverflow or more (the sums could
+// overflow): s, now holding p, has to be recomputed, and the caller runs softmax_scores on it.
+constexpr float kLazyMaxMargin = 8.0f;
+constexpr float kLazyMaxOverflow = 64.0f;
+
+template <int kBlocks>
+__device__ __forceinline__ bool softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
+                                                        float (&d)[2], float c,
+                                                        float (&alpha)[2]) {
+  float grow[2];
+  float sum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float partial_max[2] = {-INFINITY, -INFINITY};
+    float partial_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        const float x = fmaf(s[n][e], c, -m[h]);
+        partial_max[n % 2] = fmaxf(partial_max[n % 2], x);
+        s[n][e] = fast_exp2(x);
+        partial_sum[n % 2] += s[n][e];
+      }
+    }
+    grow[h] = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
+    sum[h] = partial_sum[0] + partial_sum[1];
+  }
+  const bool moves = grow[0] > kLazyMaxMargin || grow[1] > kLazyMaxMargin;
+  if (!__any_sync(0xffffffffu, moves)) {  // the common case
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      d[h] += sum[h];
+      alpha[h] = 1.0f;
+    }
+    return true;
+  }
+  if (__any_sync(0xffffffffu, grow[0] >= kLazyMaxOverflow || grow[1] >= kLazyMaxOverflow)) {
+    return false;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float shift = grow[h] > kLazyMaxMargin ? grow[h] : 0.0f;
+    m[h] += shift;
+    alpha[h] = fast_exp2(-shift);
+    d[h] = (d[h] + sum[h]) * alpha[h];
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+      s[n][2 * h] *= alpha[h];
+      s[n][2 * h + 1] *= alpha[h];
+    }
+  }
+  return true;
+}
+
 // Multiplies the outputs of rows h = 0, 1 by alpha.
 template <int kOutBlocks>
 __device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
