@@ -189,6 +189,36 @@ struct KVTileProducer {
   }
 };
 
+// S = Q K^T of one warp's 16 rows (the first at row0 of the Q tile), in the accumulator layout,
+// one score at a time with CUDA-core FMAs from the shared tiles: the lazy max's rare recompute,
+// which one warp may need without the rest of its warpgroup (a wgmma needs all four warps).
+// Written to need few registers, as it sits inside the main loop.
+template <typename C, typename T>
+__device__ __forceinline__ void scores_from_shared(float (&s)[C::kScoreBlocks][4], const T* q_tile,
+                                                   const T* k_stage, int row0, int lane) {
+  // Opaque to the optimiser, so that the addresses below are not hoisted out of the main loop.
+  asm volatile("mov.b32 %0, %0;" : "+r"(lane));
+#pragma unroll
+  for (int n = 0; n < C::kScoreBlocks; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + lane / 4 + 8 * (e / 2);
+      const int key = 8 * n + 2 * (lane % 4) + (e & 1);
+      float acc = 0.0f;
+#pragma unroll 1
+      for (int chunk = 0; chunk < C::kHeadDim / 8; ++chunk) {
+        float q[8];
+        float k[8];
+        load_float<T, 8>(q_tile + swizzle128_position<C::kRows>(row, chunk), q);
+        load_float<T, 8>(k_stage + swizzle128_position<C::kTile>(key, chunk), k);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc = fmaf(q[i], k[i], acc);
+      }
+      s[n][e] = acc;
+    }
+  }
+}
+
 template <typename T, int kStages, typename KV>
 __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ AttentionParams<T, KV> p) {
@@ -426,25 +456,29 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         };
         if (masked) mask();
         float alpha[2];
-        // After the rows' first scores the exponentials need not wait for the tile's max.
-        const bool lazy = __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
-        if (!lazy) {
+        bool rescale;
+        // After the rows' first scores the tile's max is rarely needed (softmax_scores_lazy_max).
+        LazyMax lazy = LazyMax::kOverflow;
+        if (__all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {
+          lazy = softmax_scores_lazy_max(s, m, d, c, alpha);
+          if (lazy == LazyMax::kOverflow) {  // rare: S again (K is still in its stage)
+            scores_from_shared<C>(s, q_tile, k_ring + (seq % kStages) * C::kTileElems, warp_row0,
+                                  lane);
+            if (masked) mask();
+          }
+        }
+        if (lazy == LazyMax::kOverflow) {
           softmax_scores(s, m, d, c, alpha);
-        } else if (!softmax_scores_lazy_max(s, m, d, c, alpha)) {
-          // Rare: scores jumped by 2^64 over the rows' max. S again (K is still in its stage).
-          issue_s(s, seq);
-          wgmma_wait<0>();
-          fence_registers(s);
-          if (masked) mask();
-          softmax_scores(s, m, d, c, alpha);
+          // Skipped (warp-uniformly) when no row of the warp has a new max.
+          rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+        } else {
+          rescale = lazy == LazyMax::kMoved;
         }
         wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
         if (has_p) release_stage(seq - 1);
-        // Skipped (warp-uniformly) when no row of the warp has a new max, the common case
-        // after a row's first tiles.
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
+        if (rescale) rescale_rows(o, alpha);
 #pragma unroll
         for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
         has_p = true;

@@ -163,6 +163,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// log2(x) for x > 0 (MUFU.LG2).
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Sum over aligned groups of kWidth consecutive lanes (kWidth a power of two <= 32).
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float x) {

@@ -97,55 +97,60 @@ __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m
   }
 }
 
-// The online softmax step with the row max off the exponentials' critical path, for tiles after
-// a row's first (m finite): p = 2^(c s - m) against the max m the rows already have, while the
-// tile's own max is taken from the same c s - m values beside the exponentials. m moves only
-// when a row's scores outgrow it by more than 2^kLazyMaxMargin (FlashAttention-4's lazy
-// rescale; the 16-bit P and the fp32 sums take values up to 2^8 without loss), and then the
-// tile's p and the row's sum are scaled down to the new max. Returns false, touching none of
-// m, d and alpha, when a score outgrew m by 2^kLazyMaxOverflow or more (the sums could
-// overflow): s, now holding p, has to be recomputed, and the caller runs softmax_scores on it.
-constexpr float kLazyMaxMargin = 8.0f;
-constexpr float kLazyMaxOverflow = 64.0f;
+// What softmax_scores_lazy_max did to a tile.
+enum class LazyMax { kKept, kMoved, kOverflow };
+
+// The online softmax step for tiles after a row's first (m finite), without a max in the common
+// case: p = 2^(c s - m) against the max m the rows already have (FlashAttention-4's lazy
+// rescale: the 16-bit P and the fp32 sums hold values up to 2^8 without loss). Every p of a
+// thread is at most the thread's sum, so while each thread's sums stay <= 2^8 no row outgrew
+// its max by that margin: kKept, d updated, O untouched, and no max or shuffle was needed.
+// Otherwise the rows' largest p (a quad max) becomes their new max: the tile's p and the sum are
+// scaled down by it and O must be too (kMoved, factor in alpha). kOverflow, with m, d and alpha
+// untouched, when some p reached 2^64 (or overflowed): s, now holding p, must be recomputed and
+// go through softmax_scores.
+constexpr float kLazyMaxMargin = 256.0f;    // 2^8
+constexpr float kLazyMaxOverflow = 1.8e19f;  // ~2^64: the sums of 128 such p stay finite
 
 template <int kBlocks>
-__device__ __forceinline__ bool softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
-                                                        float (&d)[2], float c,
-                                                        float (&alpha)[2]) {
-  float grow[2];
+__device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
+                                                           float (&d)[2], float c,
+                                                           float (&alpha)[2]) {
   float sum[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float partial_max[2] = {-INFINITY, -INFINITY};
     float partial_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        const float x = fmaf(s[n][e], c, -m[h]);
-        partial_max[n % 2] = fmaxf(partial_max[n % 2], x);
-        s[n][e] = fast_exp2(x);
+        s[n][e] = fast_exp2(fmaf(s[n][e], c, -m[h]));
         partial_sum[n % 2] += s[n][e];
       }
     }
-    grow[h] = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
     sum[h] = partial_sum[0] + partial_sum[1];
   }
-  const bool moves = grow[0] > kLazyMaxMargin || grow[1] > kLazyMaxMargin;
-  if (!__any_sync(0xffffffffu, moves)) {  // the common case
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      d[h] += sum[h];
-      alpha[h] = 1.0f;
-    }
-    return true;
+  if (!__any_sync(0xffffffffu, sum[0] > kLazyMaxMargin || sum[1] > kLazyMaxMargin)) {
+    d[0] += sum[0];
+    d[1] += sum[1];
+    return LazyMax::kKept;
   }
-  if (__any_sync(0xffffffffu, grow[0] >= kLazyMaxOverflow || grow[1] >= kLazyMaxOverflow)) {
-    return false;
+  float top[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float partial_max[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+      partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    }
+    top[h] = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
+  }
+  if (__any_sync(0xffffffffu, !(top[0] < kLazyMaxOverflow && top[1] < kLazyMaxOverflow))) {
+    return LazyMax::kOverflow;
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float shift = grow[h] > kLazyMaxMargin ? grow[h] : 0.0f;
+    const float shift = top[h] > kLazyMaxMargin ? fast_log2(top[h]) : 0.0f;
     m[h] += shift;
     alpha[h] = fast_exp2(-shift);
     d[h] = (d[h] + sum[h]) * alpha[h];
@@ -155,7 +160,7 @@ __device__ __forceinline__ bool softmax_scores_lazy_max(float (&s)[kBlocks][4], 
       s[n][2 * h + 1] *= alpha[h];
     }
   }
-  return true;
+  return LazyMax::kMoved;
 }
 
 // Multiplies the outputs of rows h = 0, 1 by alpha.
