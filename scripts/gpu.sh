@@ -10,7 +10,8 @@
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
 # Stages (default: build test bench serve mlxlm): build test bench decode prefill prefill-profile
-# serve mlxlm admission profile. .whl/ holds wheels the machine lacks
+# serve mlxlm admission profile. Test selection: TEST_PATHS (pytest paths or node ids) and
+# TEST_K (a pytest -k expression). .whl/ holds wheels the machine lacks
 # (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +57,7 @@ fi
 if has_stage test; then
   section "tests on the GPU (default device: gpu)"
   timeout "${TEST_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider \
-    --junitxml="$OUT/gpu-tests.xml" ${TEST_PATHS:-packages/pagekernels/tests tests} \
+    --junitxml="$OUT/gpu-tests.xml" ${TEST_K:+-k "$TEST_K"} ${TEST_PATHS:-packages/pagekernels/tests tests} \
     2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
 fi
 
