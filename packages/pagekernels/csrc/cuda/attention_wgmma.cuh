@@ -457,9 +457,11 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         if (masked) mask();
         float alpha[2];
         bool rescale;
-        // After the rows' first scores the tile's max is rarely needed (softmax_scores_lazy_max).
+        // After the rows' first scores the tile's max is rarely needed (softmax_scores_lazy_max),
+        // except on the item's last tile, whose Q may already be the next item's (release_q).
         LazyMax lazy = LazyMax::kOverflow;
-        if (__all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {
+        if (i + 1 < num_tiles &&
+            __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {
           lazy = softmax_scores_lazy_max(s, m, d, c, alpha);
           if (lazy == LazyMax::kOverflow) {  // rare: S again (K is still in its stage)
             scores_from_shared<C>(s, q_tile, k_ring + (seq % kStages) * C::kTileElems, warp_row0,
