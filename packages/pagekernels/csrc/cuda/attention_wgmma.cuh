@@ -23,9 +23,8 @@
 // after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
 // a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
 // shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax, wait, rescale O, pack P_j. (ptxas hoists
-// the second wait above the softmax, so the softmax runs under the other warpgroup's MMAs
-// only; keeping it below measured slower: NOTES.md.)
+// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax (under P V), wait, rescale O, pack P_j.
+// After a row's first tile the softmax rarely computes a max (softmax_scores_lazy_max).
 // Outputs go from the accumulators straight to global memory (the ring is busy with the next
 // item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
@@ -406,20 +405,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       wgmma_commit();
     };
 
-    // S = Q K^T (asynchronous, one commit group): k step ds reads dims 16 ds .. +15 of every
-    // query and key row, 32 (ds % 4) bytes into the 128-byte rows of column block ds / 4.
-    auto issue_s = [&](float (&s)[C::kScoreBlocks][4], int seq) {
-      wgmma_fence();
-#pragma unroll
-      for (int ds = 0; ds < C::kDimSteps; ++ds) {
-        const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
-        const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
-        wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
-                    ds > 0);
-      }
-      wgmma_commit();
-    };
-
     for (int i = 0; i < num_tiles; ++i) {
       const int seq = tiles_done + i;
       mbarrier_wait(&full[seq % kStages], (seq / kStages) & 1);
@@ -433,12 +418,22 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       // cannot prove an accumulator untouched between issue and wait on every path.
       named_barrier_sync(my_turn, C::kConsumerThreads);
       if (compute) {
+        // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
+        // bytes into the 128-byte rows of column block ds / 4.
         float s[C::kScoreBlocks][4];  // overwritten (scale-d = 0) by the first step
-        issue_s(s, seq);
+        wgmma_fence();
+#pragma unroll
+        for (int ds = 0; ds < C::kDimSteps; ++ds) {
+          const uint32_t k_offset = (ds / 4) * C::kTile * 128 + (ds % 4) * 32;
+          const uint32_t q_offset = (ds / 4) * C::kRows * 128 + (ds % 4) * 32;
+          wgmma_ss<T>(s, q_desc + (q_offset >> 4), k_desc + stage_offset(seq) + (k_offset >> 4),
+                      ds > 0);
+        }
+        wgmma_commit();
         if (has_p) {
           issue_pv(seq - 1);
           pass_turn(i);
-          wgmma_wait<1>();  // S only (P V's wait lands before the softmax anyway: see the top)
+          wgmma_wait<1>();  // S only: the softmax runs under P V
         } else {
           pass_turn(i);
           wgmma_wait<0>();
@@ -456,25 +451,26 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         };
         if (masked) mask();
         float alpha[2];
-        bool rescale;
+        bool rescale = false;
         // After the rows' first scores the tile's max is rarely needed (softmax_scores_lazy_max),
         // except on the item's last tile, whose Q may already be the next item's (release_q).
-        LazyMax lazy = LazyMax::kOverflow;
+        bool max_first = true;
         if (i + 1 < num_tiles &&
             __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {
-          lazy = softmax_scores_lazy_max(s, m, d, c, alpha);
-          if (lazy == LazyMax::kOverflow) {  // rare: S again (K is still in its stage)
+          const LazyMax lazy = softmax_scores_lazy_max(s, m, d, c, alpha);
+          if (lazy == LazyMax::kOverflow) {  // rare: S again, from K's stage and Q
             scores_from_shared<C>(s, q_tile, k_ring + (seq % kStages) * C::kTileElems, warp_row0,
                                   lane);
             if (masked) mask();
+          } else {
+            max_first = false;
+            rescale = lazy == LazyMax::kMoved;
           }
         }
-        if (lazy == LazyMax::kOverflow) {
+        if (max_first) {
           softmax_scores(s, m, d, c, alpha);
           // Skipped (warp-uniformly) when no row of the warp has a new max.
           rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
-        } else {
-          rescale = lazy == LazyMax::kMoved;
         }
         wgmma_wait<0>();
         fence_registers(o);
