@@ -251,9 +251,10 @@ def test_growing_scores_move_the_running_max(
     """Scores that grow along the keys: every key t carries t * slope of a direction u that
     every query leans towards, so a row's max grows by about 6, 60 or 120 in the exp2 domain per
     128-key tile and the online softmax rescales a row's outputs on most tiles, by factors down
-    to 2^-120, where random keys stop moving the max after a row's first tiles. The wgmma
-    kernel's lazy max takes each path here: growth below its margin (6), a moved max (60), and
-    scores so far past the max that it recomputes S (120)."""
+    to 2^-120, where random keys stop moving the max after a row's first tiles. In the wgmma
+    kernel's lazy max, growth 6 moves the max (a thread's sum passes 2^8), 60 moves it or
+    recomputes S, and 120 recomputes S on most tiles (some exponentials overflow); random
+    inputs elsewhere take its path without a max."""
     case = make_paged(
         contexts=[L + 1500, 900], num_q_heads=32, num_kv_heads=8, query_len=L, head_dim=128,
         page_size=16, dtype=mx.bfloat16, seed=11,

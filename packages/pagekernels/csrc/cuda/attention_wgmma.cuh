@@ -452,8 +452,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         if (masked) mask();
         float alpha[2];
         bool rescale = false;
-        // After the rows' first scores the tile's max is rarely needed (softmax_scores_lazy_max),
-        // except on the item's last tile, whose Q may already be the next item's (release_q).
+        // Once every row of the warp has a max, the tile's max is rarely needed
+        // (softmax_scores_lazy_max); not on the item's last tile, as the recompute reads Q,
+        // which may already be the next item's there (release_q).
         bool max_first = true;
         if (i + 1 < num_tiles &&
             __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {

@@ -105,12 +105,13 @@ enum class LazyMax { kKept, kMoved, kOverflow };
 // rescale: the 16-bit P and the fp32 sums hold values up to 2^8 without loss). Every p of a
 // thread is at most the thread's sum, so while each thread's sums stay <= 2^8 no row outgrew
 // its max by that margin: kKept, d updated, O untouched, and no max or shuffle was needed.
-// Otherwise the rows' largest p (a quad max) becomes their new max: the tile's p and the sum are
-// scaled down by it and O must be too (kMoved, factor in alpha). kOverflow, with m, d and alpha
-// untouched, when some p reached 2^64 (or overflowed): s, now holding p, must be recomputed and
-// go through softmax_scores.
+// Otherwise each row whose largest p (a quad max) passes 2^8 takes it as its new max: the row's
+// p and sum are scaled down by it and O must be too (kMoved, factors in alpha, 1 for the other
+// rows). kOverflow, with m, d and alpha untouched, when some p reached 2^64 or overflowed to
+// inf: s, now holding p, must be recomputed and go through softmax_scores. (NaN scores, from
+// NaN or inf inputs, reach d as they do in softmax_scores.)
 constexpr float kLazyMaxMargin = 256.0f;    // 2^8
-constexpr float kLazyMaxOverflow = 1.8e19f;  // ~2^64: the sums of 128 such p stay finite
+constexpr float kLazyMaxOverflow = 1.8e19f;  // ~2^64: d plus 32 such p stay finite
 
 template <int kBlocks>
 __device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
