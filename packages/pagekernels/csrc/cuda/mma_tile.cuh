@@ -97,6 +97,16 @@ __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m
   }
 }
 
+// Multiplies rows h = 0, 1 of an accumulator-layout tile (outputs, or probabilities) by alpha.
+template <int kOutBlocks>
+__device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < kOutBlocks; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+  }
+}
+
 // What softmax_scores_lazy_max did to a tile.
 enum class LazyMax { kKept, kMoved, kOverflow };
 
@@ -155,23 +165,9 @@ __device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4
     m[h] += shift;
     alpha[h] = fast_exp2(-shift);
     d[h] = (d[h] + sum[h]) * alpha[h];
-#pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-      s[n][2 * h] *= alpha[h];
-      s[n][2 * h + 1] *= alpha[h];
-    }
   }
+  rescale_rows(s, alpha);
   return LazyMax::kMoved;
-}
-
-// Multiplies the outputs of rows h = 0, 1 by alpha.
-template <int kOutBlocks>
-__device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int n = 0; n < kOutBlocks; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
-  }
 }
 
 // The probabilities of keys 16 kb .. 16 kb + 15 as the A fragment of P V (they are exactly one).
