@@ -97,8 +97,8 @@ template <int kRows, int kHeadDim, typename T, typename Copy>
 __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, uint32_t skip,
                                                Copy copy) {
   // Opaque to the optimiser: the shared-memory positions below depend only on the lane, and
-  // hoisted out of the producer's item loop they were spilled to local memory, whose reloads
-  // (L2 round trips: shared memory takes nearly all of L1) held up every item's Q copy.
+  // ptxas hoisted them out of the producer's item loop and spilled them; each pass of every
+  // item's Q copy then stalled on their reloads (ncu, session 12).
   asm volatile("mov.b32 %0, %0;" : "+r"(lane));
   constexpr int kLanesPerRow = kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
   constexpr int kRowsPerPass = 32 / kLanesPerRow;
@@ -307,8 +307,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       auto stream_tile = [&](int tile) {
         const KVRow row = next;
         // The next tile's block-table load, in flight through the wait and this tile's copies.
-        // None after the item's last tile: the next item's loop top would wait for it (loads
-        // share the warp's scoreboards).
+        // None past the item's last tile: nothing reads it.
         if (tile + 1 < num_tiles) next = producer.locate(tile + 1);
         const int stage = tiles_done % kStages;
         if (tiles_done >= kStages) mbarrier_wait(&empty[stage], (tiles_done / kStages - 1) & 1);
