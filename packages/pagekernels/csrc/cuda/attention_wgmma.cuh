@@ -96,9 +96,9 @@ struct WgmmaConfig {
 template <int kRows, int kHeadDim, typename T, typename Copy>
 __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, uint32_t skip,
                                                Copy copy) {
-  // Opaque to the optimiser: the shared-memory positions below depend only on the lane, and
-  // ptxas hoisted them out of the producer's item loop and spilled them; each pass of every
-  // item's Q copy then stalled on their reloads (ncu, session 12).
+  // Opaque to the optimiser: the shared-memory positions below depend only on the lane; the
+  // compiler hoisted them out of the producer's item loop and ptxas spilled them, and each
+  // pass of every item's Q copy then stalled on their reloads (ncu, session 12).
   asm volatile("mov.b32 %0, %0;" : "+r"(lane));
   constexpr int kLanesPerRow = kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
   constexpr int kRowsPerPass = 32 / kLanesPerRow;
