@@ -1,8 +1,10 @@
 """Tests of the benchmark tools themselves: floors, batch planning, the gate, aggregation, the
-attention CLI end to end on a tiny grid, the admission sweep and the plots."""
+attention CLI end to end on a tiny grid, the admission sweep, the plots and the ncu listing
+reader."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
@@ -12,6 +14,7 @@ import admission_sweep
 import attention
 import attention_worker
 import mlx.core as mx
+import ncu_sass
 import plot
 import pytest
 import structlog
@@ -314,3 +317,57 @@ def test_decode_step_plot_from_the_h200_records(tmp_path: Path) -> None:
     )
     assert plot._kernel_family("cutlass_80_tensorop_gemm") == "projections"
     assert plot._kernel_family("mlx::core::cu::binary_vv<Add>") == "other"
+
+
+def _write_listing(path: Path, rows: list[tuple[str, int, int, int, int]]) -> None:
+    """An ncu SASS listing as `ncu --page source --csv` writes it: (sass, samples, executed,
+    stall_wait, stall_long_sb) per instruction, numbers with thousands separators."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "stall_wait", "stall_long_sb", "stall_wait (Not Issued)"]  # fmt: skip
+    lines = ['"Kernel Name","void k()"', ",".join(f'"{h}"' for h in header)]
+    for i, (sass, samples, executed, wait, long_sb) in enumerate(rows):
+        fields = [
+            f"0x{16 * i:x}",
+            sass,
+            f"{samples:,}",
+            f"{executed:,}",
+            str(wait),
+            str(long_sb),
+            "0",
+        ]
+        lines.append(",".join(f'"{f}"' for f in fields))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_ncu_listing_views_sum_samples_by_range_and_execution_count(tmp_path: Path, capsys) -> None:
+    listing = tmp_path / "k-sass.csv"
+    _write_listing(
+        listing,
+        [("LDC R1, c[0x0][0x28]", 3, 528, 3, 0), ("@!P0 BRA 0x10", 1200, 8192, 0, 1200),
+         ("MUFU.EX2 R2, R2", 40, 135168, 30, 10), ("FADD R3, R3, R2", 7, 135168, 7, 0)],
+    )  # fmt: skip
+    instructions = ncu_sass.read_listing(listing)
+    assert [ins.samples for ins in instructions] == [3, 1200, 40, 7]
+    assert instructions[1].stalls == {"long_sb": 1200}
+    assert ncu_sass.parse_range("2-3") == range(2, 4)
+
+    ncu_sass.main(["sum", str(listing), "1", "2-3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("1-1: 1200 samples (96.0% of 1250), 8192 warp-instructions")
+    assert lines[1].startswith("2-3: 47 samples (3.8% of 1250), 270336 warp-instructions")
+    assert lines[1].endswith("wait=37 long_sb=10")
+
+    ncu_sass.main(["count", str(listing)])
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        "executed", "8192", "times:", "1200", "samples", "in", "1", "instructions"]  # fmt: skip
+    ncu_sass.main(["list", str(listing), "--min-samples", "40"])
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["1", "2"]
+
+
+def test_ncu_listing_reader_rejects_other_csv(tmp_path: Path) -> None:
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not an ncu SASS listing"):
+        ncu_sass.read_listing(other)
+    with pytest.raises(argparse.ArgumentTypeError, match="end before start"):
+        ncu_sass.parse_range("5-2")
