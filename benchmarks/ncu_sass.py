@@ -49,16 +49,19 @@ def read_listing(path: Path) -> list[Instruction]:
         text = row[column[name]].replace(",", "")
         return int(text) if text.strip() else 0
 
-    return [
-        Instruction(
-            index=i,
-            sass=row[column["Source"]].strip(),
-            samples=number(row, _SAMPLES),
-            executed=number(row, _EXECUTED),
-            stalls={r.removeprefix("stall_"): number(row, r) for r in reasons if number(row, r)},
+    listing = []
+    for i, row in enumerate(rows[2:]):
+        stalls = {r.removeprefix("stall_"): number(row, r) for r in reasons}
+        listing.append(
+            Instruction(
+                index=i,
+                sass=row[column["Source"]].strip(),
+                samples=number(row, _SAMPLES),
+                executed=number(row, _EXECUTED),
+                stalls={reason: n for reason, n in stalls.items() if n},
+            )
         )
-        for i, row in enumerate(rows[2:])
-    ]
+    return listing
 
 
 def parse_range(text: str) -> range:
@@ -71,7 +74,7 @@ def parse_range(text: str) -> range:
     return range(start, stop + 1)
 
 
-def stall_summary(stalls: Counter[str] | dict[str, int], top: int) -> str:
+def stall_summary(stalls: dict[str, int], top: int) -> str:
     ranked = sorted(stalls.items(), key=lambda item: -item[1])[:top]
     return " ".join(f"{reason}={samples}" for reason, samples in ranked)
 

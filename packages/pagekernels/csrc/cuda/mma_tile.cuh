@@ -63,37 +63,50 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mappe
   }
 }
 
+// The largest score of row h (0: this lane's row g, 1: row g + 8) across the lane's quad, from
+// `init`; two independent chains (with two warps per scheduler, a serial chain of kBlocks
+// dependent FMNMX costs more than the instructions themselves).
+template <int kBlocks>
+__device__ __forceinline__ float row_max(const float (&s)[kBlocks][4], int h, float init) {
+  float partial_max[2] = {init, init};
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+    partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+  }
+  return group_max<4>(fmaxf(partial_max[0], partial_max[1]));
+}
+
+// Turns row h of s into p = 2^(c s - m) and returns `carry` plus this lane's sum of them (two
+// chains, as in row_max).
+template <int kBlocks>
+__device__ __forceinline__ float exponentiate_row(float (&s)[kBlocks][4], int h, float c, float m,
+                                                  float carry) {
+  float partial_sum[2] = {carry, 0.0f};
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+      s[n][e] = fast_exp2(fmaf(s[n][e], c, -m));
+      partial_sum[n % 2] += s[n][e];
+    }
+  }
+  return partial_sum[0] + partial_sum[1];
+}
+
 // One online-softmax step in the exp2 domain (c = scale * log2(e) > 0) for rows h = 0, 1:
 // updates the running max m and sum d, turns s into p = 2^(c s - m) and returns in alpha the
-// factor by which the rows' outputs must be rescaled (rescale_rows). The max and the sum run
-// as two independent chains: with two warps per scheduler (the wgmma kernel), a serial
-// chain of kBlocks dependent FMNMX / FADD costs more than the instructions themselves.
+// factor by which the rows' outputs must be rescaled (rescale_rows).
 template <int kBlocks>
 __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&m)[2],
                                                float (&d)[2], float c, float (&alpha)[2]) {
   static_assert(kBlocks % 2 == 0, "pairs of score blocks");
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float partial_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-      partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-    }
-    const float row_max = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
-    const float m_new = fmaxf(m[h], row_max * c);
+    const float m_new = fmaxf(m[h], row_max(s, h, -INFINITY) * c);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0
     alpha[h] = fast_exp2(m[h] - m_use);
     m[h] = m_new;
-    float partial_sum[2] = {d[h] * alpha[h], 0.0f};
-#pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-#pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[n][e] = fast_exp2(fmaf(s[n][e], c, -m_use));
-        partial_sum[n % 2] += s[n][e];
-      }
-    }
-    d[h] = partial_sum[0] + partial_sum[1];
+    d[h] = exponentiate_row(s, h, c, m_use, d[h] * alpha[h]);
   }
 }
 
@@ -127,35 +140,14 @@ template <int kBlocks>
 __device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
                                                            float (&d)[2], float c,
                                                            float (&alpha)[2]) {
-  float sum[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float partial_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-#pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[n][e] = fast_exp2(fmaf(s[n][e], c, -m[h]));
-        partial_sum[n % 2] += s[n][e];
-      }
-    }
-    sum[h] = partial_sum[0] + partial_sum[1];
-  }
+  const float sum[2] = {exponentiate_row(s, 0, c, m[0], 0.0f),
+                        exponentiate_row(s, 1, c, m[1], 0.0f)};
   if (!__any_sync(0xffffffffu, sum[0] > kLazyMaxMargin || sum[1] > kLazyMaxMargin)) {
     d[0] += sum[0];
     d[1] += sum[1];
     return LazyMax::kKept;
   }
-  float top[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float partial_max[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-      partial_max[n % 2] = fmaxf(partial_max[n % 2], fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-    }
-    top[h] = group_max<4>(fmaxf(partial_max[0], partial_max[1]));
-  }
+  const float top[2] = {row_max(s, 0, 0.0f), row_max(s, 1, 0.0f)};  // p >= 0
   if (__any_sync(0xffffffffu, !(top[0] < kLazyMaxOverflow && top[1] < kLazyMaxOverflow))) {
     return LazyMax::kOverflow;
   }
