@@ -94,18 +94,25 @@ fi
 
 if has_stage prefill-profile; then
   section "ncu: the 128-row prefill kernel, B = 1 causal, page 16 (one launch per case)"
+  # NCU_CACHE_CONTROL=none keeps the caches between ncu's replays (default all: flushed);
+  # PREFILL_NCU_SKIP=1 profiles the case's second launch instead of its first.
+  cache=${NCU_CACHE_CONTROL:-all}
+  skip=${PREFILL_NCU_SKIP:-0}
+  tag=""
+  [ "$cache" = all ] || tag+="-cache-$cache"
+  [ "$skip" = 0 ] || tag+="-skip$skip"
   for case in ${PREFILL_NCU_CASES:-1x4096x16x4096 1x1024x16x1024}; do
-    timeout 240 ncu --clock-control none --set full --import-source yes \
-      -k regex:"${PREFILL_NCU_KERNEL:-attention_wgmma}" -c 1 -o "$OUT/prefill-$case" \
-      python3 benchmarks/ncu_cases.py "$case" >"$OUT/prefill-$case.ncu.log" 2>&1
+    name="$OUT/prefill-$case$tag"
+    timeout 240 ncu --clock-control none --cache-control "$cache" -s "$skip" --set full \
+      --import-source yes -k regex:"${PREFILL_NCU_KERNEL:-attention_wgmma}" -c 1 -o "$name" \
+      python3 benchmarks/ncu_cases.py "$case" >"$name.ncu.log" 2>&1
     rc=$?
-    echo "ncu $case rc=$rc"
+    echo "ncu $case$tag rc=$rc"
     [ "$rc" = 0 ] || continue  # the log says why; no empty extracts
-    ncu -i "$OUT/prefill-$case.ncu-rep" --page source --csv --print-source sass \
-      | gzip >"$OUT/prefill-$case-sass.csv.gz"
-    ncu -i "$OUT/prefill-$case.ncu-rep" --print-details all | gzip >"$OUT/prefill-$case-details.txt.gz"
-    zcat "$OUT/prefill-$case-details.txt.gz" | grep -E "^  [a-z_]+.*attention|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy" | head -n 8
-    rm -f "$OUT/prefill-$case.ncu-rep"  # tens of MB; the two extracts above carry what is read
+    ncu -i "$name.ncu-rep" --page source --csv --print-source sass | gzip >"$name-sass.csv.gz"
+    ncu -i "$name.ncu-rep" --print-details all | gzip >"$name-details.txt.gz"
+    zcat "$name-details.txt.gz" | grep -E "^  [a-z_]+.*attention|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy" | head -n 8
+    rm -f "$name.ncu-rep"  # tens of MB; the two extracts above carry what is read
   done
 fi
 
