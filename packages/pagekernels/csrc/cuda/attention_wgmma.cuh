@@ -96,10 +96,10 @@ struct WgmmaConfig {
 template <int kRows, int kHeadDim, typename T, typename Copy>
 __device__ __forceinline__ void copy_warp_rows(int64_t offset, int warp, int lane, uint32_t skip,
                                                Copy copy) {
-  // Opaque to the optimiser: the shared-memory positions below depend only on the lane; the
-  // compiler hoisted them out of the producer's item loop and ptxas spilled them, and each
-  // pass of every item's Q copy then stalled on their reloads (ncu, session 12).
-  asm volatile("mov.b32 %0, %0;" : "+r"(lane));
+  // The shared-memory positions below depend only on the lane; the compiler hoisted them out
+  // of the producer's item loop and ptxas spilled them, and each pass of every item's Q copy
+  // then stalled on their reloads (ncu, session 12).
+  lane = opaque(lane);
   constexpr int kLanesPerRow = kHeadDim * sizeof(T) / 32;  // one 32-byte pair each
   constexpr int kRowsPerPass = 32 / kLanesPerRow;
   const int chunk = 2 * (lane % kLanesPerRow);
@@ -199,8 +199,7 @@ struct KVTileProducer {
 template <typename C, typename T>
 __device__ __forceinline__ void scores_from_shared(float (&s)[C::kScoreBlocks][4], const T* q_tile,
                                                    const T* k_stage, int row0, int lane) {
-  // Opaque to the optimiser, so that the addresses below are not hoisted out of the main loop.
-  asm volatile("mov.b32 %0, %0;" : "+r"(lane));
+  lane = opaque(lane);  // the addresses below stay out of the main loop's registers
 #pragma unroll
   for (int n = 0; n < C::kScoreBlocks; ++n) {
 #pragma unroll

@@ -163,6 +163,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// x, but opaque to the optimiser (ptxas sees a plain mov): values computed from it are not
+// hoisted out of the loop that uses them, where they would hold registers across it or spill.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
 // log2(x) for x > 0 (MUFU.LG2).
 __device__ __forceinline__ float fast_log2(float x) {
   float y;
