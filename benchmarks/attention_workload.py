@@ -184,12 +184,15 @@ def _page_layout(shape: Shape, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return block_table, valid
 
 
-def make_paged_inputs(shape: Shape, *, seed: int) -> PagedInputs:
+def make_paged_inputs(shape: Shape, *, seed: int, lens_view: bool = False) -> PagedInputs:
     """Builds a pool of fresh random K/V (N(0, 1)) behind a shuffled block table.
 
     Args:
         shape: The cell.
         seed: Seeds the page shuffle and all values.
+        lens_view: Makes context_lens a view of a 16-byte array. MLX's CUDA allocator puts
+            every array of at most 8 bytes (the lengths at B <= 2) in its scalar pool, managed
+            memory that the GPU maps and may read over PCIe; the view's buffer is ordinary.
 
     Returns:
         Evaluated inputs.
@@ -211,7 +214,9 @@ def make_paged_inputs(shape: Shape, *, seed: int) -> PagedInputs:
         key_pages=key_pages,
         value_pages=value_pages,
         block_table=mx.array(block_table),
-        context_lens=mx.full((shape.batch,), shape.context, dtype=mx.int32),
+        context_lens=mx.full(
+            (max(shape.batch, 4) if lens_view else shape.batch,), shape.context, dtype=mx.int32
+        )[: shape.batch],
     )
     mx.eval(inputs.queries, inputs.key_pages, inputs.value_pages, inputs.block_table)
     mx.eval(inputs.context_lens)
