@@ -101,12 +101,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default="auto",
         help="CUDA kernel of 128-row prefill tiles (wgmma: Hopper only)",
     )
-    parser.add_argument(
-        "--lens-view",
-        action="store_true",
-        help="context_lens as a view of a 16-byte array: out of MLX's host-mapped scalar pool "
-        "(arrays of at most 8 bytes) at batch <= 2",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cooldown-seconds", type=float, default=0.0)
     parser.add_argument("--time-limit-s", type=float, help="start no new process after this")
@@ -166,7 +160,6 @@ def _worker_config(args: argparse.Namespace, path: str, seed: int) -> WorkerConf
         reuse_factor=args.reuse_factor,
         decode_splits=args.decode_splits,
         prefill_kernel=args.prefill_kernel,
-        lens_view=args.lens_view,
     )
 
 

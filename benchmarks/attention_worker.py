@@ -49,7 +49,6 @@ class WorkerConfig:
     reuse_factor: int
     decode_splits: int = 0  # CUDA decode key chunks (0 = the planner's choice)
     prefill_kernel: str = "auto"  # CUDA kernel of 128-row prefill tiles (tuning.h)
-    lens_view: bool = False  # context_lens as a view of a 16-byte array (make_paged_inputs)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "cells": [c.to_dict() for c in self.cells]})
@@ -98,7 +97,7 @@ def _plan(cfg: WorkerConfig, copy_bytes: int, transient_bytes: int) -> BatchPlan
 
 def _attention_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list[dict]:
     """Gate, then time `cfg.path` (the dense worker also times its gather alone)."""
-    first = make_paged_inputs(shape, seed=cfg.seed, lens_view=cfg.lens_view)
+    first = make_paged_inputs(shape, seed=cfg.seed)
     expected = attention_call("paged", reference, shape)(first)
     transient = shape.gather_bytes - shape.kv_bytes if cfg.path == "dense" else shape.qo_bytes
     pool_bytes = _pool_bytes(first)
@@ -138,7 +137,7 @@ def _attention_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list
 
 def _write_cell(shape: Shape, cfg: WorkerConfig, backend, reference) -> list[dict]:
     """Gate `write_kv` against the reference bit for bit, then time it and the naive copy."""
-    first = make_paged_inputs(shape, seed=cfg.seed, lens_view=cfg.lens_view)
+    first = make_paged_inputs(shape, seed=cfg.seed)
     rows = make_write_inputs(shape, first, seed=cfg.seed)
     args = (rows.keys, rows.values, rows.slot_mapping)
     ours = backend.write_kv(first.key_pages + 0, first.value_pages + 0, *args)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from pagepool import BatchMetadata
+
 if TYPE_CHECKING:
     from pagekernels import KernelBackend
 
@@ -161,6 +163,9 @@ class PagedInputs:
         value_pages: [P, Hkv, ps, D], poisoned like key_pages.
         block_table: int32 [B, pages_per_row], shuffled physical page ids.
         context_lens: int32 [B], all equal to the shape's context.
+
+    block_table and context_lens come from `BatchMetadata`, so they sit in memory as the
+    runtime's do (views of one array; `benchmarks/metadata_placement.py` shows why it matters).
     """
 
     queries: mx.array
@@ -184,15 +189,12 @@ def _page_layout(shape: Shape, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return block_table, valid
 
 
-def make_paged_inputs(shape: Shape, *, seed: int, lens_view: bool = False) -> PagedInputs:
+def make_paged_inputs(shape: Shape, *, seed: int) -> PagedInputs:
     """Builds a pool of fresh random K/V (N(0, 1)) behind a shuffled block table.
 
     Args:
         shape: The cell.
         seed: Seeds the page shuffle and all values.
-        lens_view: Makes context_lens a view of a 16-byte array. MLX's CUDA allocator puts
-            every array of at most 8 bytes (the lengths at B <= 2) in its scalar pool, managed
-            memory that the GPU maps and may read over PCIe; the view's buffer is ordinary.
 
     Returns:
         Evaluated inputs.
@@ -209,17 +211,27 @@ def make_paged_inputs(shape: Shape, *, seed: int, lens_view: bool = False) -> Pa
         mx.where(keep, mx.random.normal(pool_shape, key=k).astype(shape.mx_dtype), nan)
         for k in (k_key, v_key)
     )
+    metadata = BatchMetadata.from_host(
+        block_table.tolist(),
+        [shape.context] * shape.batch,
+        query_len=shape.query_len,
+        page_size=shape.page_size,
+        num_pages=valid.shape[0],
+    )
     inputs = PagedInputs(
         queries=queries,
         key_pages=key_pages,
         value_pages=value_pages,
-        block_table=mx.array(block_table),
-        context_lens=mx.full(
-            (max(shape.batch, 4) if lens_view else shape.batch,), shape.context, dtype=mx.int32
-        )[: shape.batch],
+        block_table=metadata.block_table,
+        context_lens=metadata.context_lens,
     )
-    mx.eval(inputs.queries, inputs.key_pages, inputs.value_pages, inputs.block_table)
-    mx.eval(inputs.context_lens)
+    mx.eval(
+        inputs.queries,
+        inputs.key_pages,
+        inputs.value_pages,
+        inputs.block_table,
+        inputs.context_lens,
+    )
     return inputs
 
 

@@ -7,9 +7,11 @@ the GPU maps but does not migrate: a kernel reads it over PCIe. This script time
 
     pool         lengths made on the GPU once, reused (<= 8 bytes: the scalar pool)
     device       lengths a view of a 16-byte array made on the GPU once, reused
-    host         both arrays from host lists for every call (BatchMetadata's way)
+    host         both arrays from host lists for every call (BatchMetadata's way before session 15)
     host-padded  as host, the lengths a view of a host list padded to 4 entries
-    host-packed  as host, both arrays views of one host list (one managed buffer per call)
+    host-packed  as host, both arrays views of one host list (one managed buffer per call;
+                 BatchMetadata's way now)
+    host-copied  as host-packed, the views taken of a GPU copy of that list (one small kernel)
 
 Each sample evaluates `--calls` calls in one `mx.eval` between two synchronisations; the host
 arrays are made before the timed region. Variants alternate in every round; the figure is the
@@ -33,7 +35,7 @@ import numpy as np
 
 import pagekernels as pk
 
-VARIANTS = ("pool", "device", "host", "host-padded", "host-packed")
+VARIANTS = ("pool", "device", "host", "host-padded", "host-packed", "host-copied")
 HQ, HKV, D = 32, 8, 128
 PAD_TO = 4  # int32 entries: 16 bytes, past the allocator's 8-byte scalar pool
 
@@ -55,11 +57,15 @@ def metadata_factory(
         return lambda: (mx.array(rows, dtype=mx.int32), mx.array(lens, dtype=mx.int32))
     if variant == "host-padded":
         return lambda: (mx.array(rows, dtype=mx.int32), mx.array(padded, dtype=mx.int32)[:batch])
-    if variant == "host-packed":
+    if variant in ("host-packed", "host-copied"):
         flat = padded + block_table.reshape(-1).tolist()
 
         def packed() -> tuple[mx.array, mx.array]:
             both = mx.array(flat, dtype=mx.int32)
+            if variant == "host-copied":
+                both = (
+                    both + 0
+                )  # a GPU kernel reads the managed list once; the copy is device memory
             return both[len(padded) :].reshape(batch, width), both[:batch]
 
         return packed
@@ -117,7 +123,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--cases",
         nargs="+",
-        default=["1x1024x1x16", "2x1024x1x16", "1x8192x1x16", "1x4096x4096x16"],
+        default=["1x1024x1x16", "2x1024x1x16", "4x1024x1x16", "1x8192x1x16", "1x4096x4096x16"],
         help="BxCONTEXTxQUERY_LENxPAGE_SIZE (query_len > 1: causal prefill)",
     )
     parser.add_argument("--calls", type=int, default=32, help="calls per timed mx.eval")

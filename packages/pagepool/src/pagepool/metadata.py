@@ -1,11 +1,13 @@
 """`BatchMetadata`: the validated page tables of one model call, shared by every layer.
 
-Built once per step on the host (plain Python lists, one `mx.array` per field), so kernels need
-not re-validate values per layer and the forward pass never calls `.tolist()`.
+Built once per step on the host from plain Python lists, so kernels need not re-validate values
+per layer and the forward pass never calls `.tolist()`. The arrays are views of one array
+(`_packed_fields`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from pagepool.pool import pages_for
 __all__ = ["BatchMetadata"]
 
 _PAD = -1
+_FIELD_ALIGN = 4  # int32 entries: each packed field starts on a 16-byte boundary
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -188,7 +191,7 @@ def _validated(
     max_pages: int | None,
     max_holders: Callable[[int], int],
 ) -> BatchMetadata:
-    """Check the rows against every rule, then build the arrays (one `mx.array` per field).
+    """Check the rows against every rule, then build the arrays (`_packed_fields`).
 
     `query_len`, `page_size` and `num_pages` are validated by the calling factory.
     """
@@ -218,11 +221,14 @@ def _validated(
     if len(set(written)) != len(written):
         duplicate = next(slot for slot, n in Counter(written).items() if n > 1)
         raise InvalidMetadata(f"slot {duplicate} is written by two new tokens in one step")
+    table, lens, slots, positions_ = _packed_fields(
+        list(itertools.chain.from_iterable(block_table)), context_lens, slot_mapping, positions
+    )
     return BatchMetadata(
-        block_table=mx.array(block_table, dtype=mx.int32).reshape(len(block_table), width),
-        context_lens=mx.array(context_lens, dtype=mx.int32),
-        slot_mapping=mx.array(slot_mapping, dtype=mx.int32),
-        positions=mx.array(positions, dtype=mx.int32),
+        block_table=table.reshape(len(block_table), width),
+        context_lens=lens,
+        slot_mapping=slots,
+        positions=positions_,
         query_len=query_len,
         page_size=page_size,
         num_pages=num_pages,
@@ -230,6 +236,25 @@ def _validated(
         context_lens_host=tuple(context_lens),
         slot_mapping_host=tuple(slot_mapping),
     )
+
+
+def _packed_fields(*fields: list[int]) -> list[mx.array]:
+    """One int32 array per field, each a view of one array holding all of them.
+
+    On MLX's CUDA backend an array made from host data lives in managed memory, whose pages the
+    first kernel to read them migrates to the GPU, with its CTAs faulting; an array of at most
+    8 bytes (the lengths at B <= 2) stays in host memory instead, read over PCIe by every
+    kernel. One array per step migrates once and is never that small
+    (`benchmarks/metadata_placement.py`, `docs/performance.md`).
+    """
+    flat: list[int] = []
+    starts = []
+    for field in fields:
+        starts.append(len(flat))
+        flat += field
+        flat += [0] * (-len(flat) % _FIELD_ALIGN)
+    packed = mx.array(flat, dtype=mx.int32)
+    return [packed[start : start + len(field)] for start, field in zip(starts, fields, strict=True)]
 
 
 def _check_row(
