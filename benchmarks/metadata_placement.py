@@ -48,8 +48,8 @@ def metadata_factory(
     padded = lens + [0] * (PAD_TO - len(lens)) if len(lens) < PAD_TO else lens
     if variant in ("pool", "device"):
         table = mx.array(block_table)
-        count = batch if variant == "pool" else max(batch, PAD_TO)
-        lengths = mx.full((count,), lens[0], dtype=mx.int32)[:batch]
+        # `+ 0`: a GPU kernel writes them, into the scalar pool when at most 8 bytes.
+        lengths = (mx.array(lens if variant == "pool" else padded, dtype=mx.int32) + 0)[:batch]
         mx.eval(table, lengths)
         return lambda: (table, lengths)
     rows = block_table.tolist()
@@ -62,10 +62,8 @@ def metadata_factory(
 
         def packed() -> tuple[mx.array, mx.array]:
             both = mx.array(flat, dtype=mx.int32)
-            if variant == "host-copied":
-                both = (
-                    both + 0
-                )  # a GPU kernel reads the managed list once; the copy is device memory
+            if variant == "host-copied":  # one kernel reads the list; its copy is device memory
+                both = both + 0
             return both[len(padded) :].reshape(batch, width), both[:batch]
 
         return packed

@@ -1,6 +1,6 @@
 """Tests of the benchmark tools themselves: floors, batch planning, the gate, aggregation, the
-attention CLI end to end on a tiny grid, the admission sweep, the plots and the ncu listing
-reader."""
+attention CLI end to end on a tiny grid, the admission sweep, the plots, the ncu listing
+reader and the metadata placements."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import admission_sweep
 import attention
 import attention_worker
+import metadata_placement
 import mlx.core as mx
 import ncu_sass
+import numpy as np
 import plot
 import pytest
 import structlog
@@ -112,6 +114,19 @@ def test_inputs_shuffle_pages_and_poison_every_slot_no_row_reads(on_cpu) -> None
             expected[page] = [i * 16 + slot < 40 for slot in range(16)]
     assert finite.tolist() == expected
     assert mx.array_equal(mx.isnan(inputs.key_pages), mx.isnan(inputs.value_pages)).item()
+
+
+@pytest.mark.parametrize("variant", metadata_placement.VARIANTS)
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_every_metadata_placement_gives_the_same_values(variant: str, batch: int, on_cpu) -> None:
+    table = np.random.default_rng(batch).permutation(batch * 3).reshape(batch, 3).astype(np.int32)
+    lens = [40 + b for b in range(batch)]
+    make = metadata_placement.metadata_factory(variant, table, lens)
+    for _ in range(2):  # per-call variants make fresh arrays each time
+        block_table, context_lens = make()
+        assert block_table.shape == (batch, 3) and block_table.dtype == mx.int32
+        assert block_table.tolist() == table.tolist()
+        assert context_lens.tolist() == lens
 
 
 def test_aggregate_takes_the_median_of_process_medians() -> None:
