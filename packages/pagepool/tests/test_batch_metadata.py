@@ -8,7 +8,14 @@ import mlx.core as mx
 import pytest
 from pagepool_test_helpers import snapshot
 
-from pagepool import BatchMetadata, InvalidArgument, InvalidMetadata, PageList, PagePool
+from pagepool import (
+    BatchMetadata,
+    InvalidArgument,
+    InvalidMetadata,
+    PageList,
+    PagePool,
+    packed_int32,
+)
 
 
 def _list_with(pool: PagePool, num_tokens: int) -> PageList:
@@ -209,3 +216,15 @@ def test_from_host_rejects_a_shared_page_twice_in_one_row():
         BatchMetadata.from_host(
             [[3, 3], [3, -1]], [8, 4], query_len=1, page_size=4, num_pages=8, shared_page_ids=[3]
         )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [((7,),), ((1, 2, 3), (), (-1, 2**31 - 1, -(2**31))), ((5,) * 9, (6,) * 4, (8,))],
+)
+def test_packed_int32_gives_each_field_back(fields: tuple[tuple[int, ...], ...]) -> None:
+    arrays = packed_int32(*fields)
+    assert len(arrays) == len(fields)
+    for array, field in zip(arrays, fields, strict=True):
+        assert array.dtype == mx.int32 and array.shape == (len(field),)
+        assert array.tolist() == list(field)

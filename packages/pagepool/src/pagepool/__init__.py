@@ -13,7 +13,7 @@ from pagepool.errors import (
     PagePoolError,
     PoolExhausted,
 )
-from pagepool.metadata import BatchMetadata
+from pagepool.metadata import BatchMetadata, packed_int32
 from pagepool.metrics import PoolMetrics
 from pagepool.pagelist import AppendResult, PageList
 from pagepool.pool import GrowthListener, PageCopy, PagePool, pages_for
@@ -38,6 +38,7 @@ __all__ = [
     "PoolExhausted",
     "PoolMetrics",
     "SUPPORTED_DTYPES",
+    "packed_int32",
     "__version__",
     "pages_for",
 ]

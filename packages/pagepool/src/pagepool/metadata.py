@@ -2,7 +2,7 @@
 
 Built once per step on the host from plain Python lists, so kernels need not re-validate values
 per layer and the forward pass never calls `.tolist()`. The arrays are views of one array
-(`_packed_fields`).
+(`packed_int32`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pagepool.errors import InvalidMetadata
 from pagepool.pagelist import PageList
 from pagepool.pool import pages_for
 
-__all__ = ["BatchMetadata"]
+__all__ = ["BatchMetadata", "packed_int32"]
 
 _PAD = -1
 _FIELD_ALIGN = 4  # int32 entries: each packed field starts on a 16-byte boundary
@@ -191,7 +191,7 @@ def _validated(
     max_pages: int | None,
     max_holders: Callable[[int], int],
 ) -> BatchMetadata:
-    """Check the rows against every rule, then build the arrays (`_packed_fields`).
+    """Check the rows against every rule, then build the arrays (`packed_int32`).
 
     `query_len`, `page_size` and `num_pages` are validated by the calling factory.
     """
@@ -221,7 +221,7 @@ def _validated(
     if len(set(written)) != len(written):
         duplicate = next(slot for slot, n in Counter(written).items() if n > 1)
         raise InvalidMetadata(f"slot {duplicate} is written by two new tokens in one step")
-    table, lens, slots, positions_ = _packed_fields(
+    table, lens, slots, positions_ = packed_int32(
         list(itertools.chain.from_iterable(block_table)), context_lens, slot_mapping, positions
     )
     return BatchMetadata(
@@ -238,13 +238,14 @@ def _validated(
     )
 
 
-def _packed_fields(*fields: list[int]) -> list[mx.array]:
+def packed_int32(*fields: Sequence[int]) -> list[mx.array]:
     """One int32 array per field, each a view of one array holding all of them.
 
-    On MLX's CUDA backend an array made from host data lives in managed memory, whose pages the
-    first kernel to read them migrates to the GPU, with its CTAs faulting; an array of at most
-    8 bytes (the lengths at B <= 2) stays in host memory instead, read over PCIe by every
-    kernel. One array per step migrates once and is never that small
+    For the small arrays a step makes from host lists. On MLX's CUDA backend an array made from
+    host data lives in managed memory, whose pages the first kernel to read them migrates to
+    the GPU, with its CTAs faulting; an array of at most 8 bytes (the lengths at B <= 2) stays
+    in host memory instead, read over PCIe by every kernel. One array per step migrates once,
+    and with each field padded to a multiple of 16 bytes it is never that small
     (`benchmarks/metadata_placement.py`, `docs/performance.md`).
     """
     flat: list[int] = []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from pagepool import BatchMetadata
+from pagepool import BatchMetadata, packed_int32
 from pageruntime.events import emit
 from pageruntime.protocols import KVStore, Sampler, StepModel
 from pageruntime.request import PENDING_TOKEN, Request
@@ -242,16 +242,20 @@ class StepRunner:
     def _input_tokens(
         works: list[ScheduledWork], L: int, padding: int, previous: LaunchedStep | None
     ) -> mx.array:
-        """int32 `[B, L]`: the rows' tokens, pending ones read from `previous` on the device."""
+        """int32 `[B, L]`: the rows' tokens, pending ones read from `previous` on the device.
+
+        The host lists become views of one array (`packed_int32`): one managed buffer per step.
+        """
         host = [work.token_ids for work in works] + [(0,) * L] * padding
-        tokens = mx.array(host, mx.int32)
         pending = [row for row, ids in enumerate(host) if ids == (PENDING_TOKEN,)]
         if not pending:
-            return tokens
+            return mx.array(host, mx.int32)
         if previous is None or previous.tokens is None:
             raise RuntimeError("internal error: a pending token without the step that samples it")
-        source = mx.array([previous.row_of(works[row].request) for row in pending])
-        tokens[mx.array(pending), 0] = previous.tokens[source]
+        source = [previous.row_of(works[row].request) for row in pending]
+        flat, rows, sources = packed_int32([t for ids in host for t in ids], pending, source)
+        tokens = flat.reshape(len(host), L)
+        tokens[rows, 0] = previous.tokens[sources]
         return tokens
 
 
