@@ -5,7 +5,7 @@ at most 8 bytes (`context_lens` at B <= 2, in any case) in a scalar pool of mana
 the GPU maps but does not migrate: a kernel reads it over PCIe. This script times
 `paged_attention` with its block table and lengths placed in each of these ways:
 
-    pool         lengths made on the GPU once, reused (<= 8 bytes: the scalar pool)
+    pool         lengths made on the GPU once, reused (the scalar pool at B <= 2: <= 8 bytes)
     device       lengths a view of a 16-byte array made on the GPU once, reused
     host         both arrays from host lists for every call (BatchMetadata's way before session 15)
     host-padded  as host, the lengths a view of a host list padded to 4 entries
@@ -45,7 +45,7 @@ def metadata_factory(
 ) -> Callable[[], tuple[mx.array, mx.array]]:
     """A function giving (block_table, context_lens) for one call, placed as `variant` says."""
     batch, width = block_table.shape
-    padded = lens + [0] * (PAD_TO - len(lens)) if len(lens) < PAD_TO else lens
+    padded = lens + [0] * (-len(lens) % PAD_TO)  # as packed_int32 aligns its fields
     if variant in ("pool", "device"):
         table = mx.array(block_table)
         # `+ 0`: a GPU kernel writes them, into the scalar pool when at most 8 bytes.

@@ -244,7 +244,8 @@ class StepRunner:
     ) -> mx.array:
         """int32 `[B, L]`: the rows' tokens, pending ones read from `previous` on the device.
 
-        The host lists become views of one array (`packed_int32`): one managed buffer per step.
+        With pending rows, the three host lists become views of one array (`packed_int32`): one
+        managed buffer per step instead of three.
         """
         host = [work.token_ids for work in works] + [(0,) * L] * padding
         pending = [row for row, ids in enumerate(host) if ids == (PENDING_TOKEN,)]
