@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 import pagekernels as pk
+from pagepool import BatchMetadata
 
 HQ, HKV, D = 32, 8, 128
 
@@ -24,8 +25,16 @@ def run_case(batch: int, context: int, page_size: int, query_len: int = 1) -> No
     num_pages = batch * pages
     k = mx.random.normal((num_pages, HKV, page_size, D)).astype(mx.bfloat16)
     v = mx.random.normal((num_pages, HKV, page_size, D)).astype(mx.bfloat16)
-    block_table = mx.array(rng.permutation(num_pages).reshape(batch, pages).astype(np.int32))
-    lens = mx.full((batch,), context, dtype=mx.int32)
+    # Placed in memory as the runtime places them (views of one array made from host lists: the
+    # first launch migrates it, so profile the second).
+    metadata = BatchMetadata.from_host(
+        rng.permutation(num_pages).reshape(batch, pages).tolist(),
+        [context] * batch,
+        query_len=query_len,
+        page_size=page_size,
+        num_pages=num_pages,
+    )
+    block_table, lens = metadata.block_table, metadata.context_lens
     q = mx.random.normal((batch, HQ, query_len, D)).astype(mx.bfloat16)
     mx.eval(k, v, block_table, lens, q)
     for _ in range(2):

@@ -95,12 +95,13 @@ fi
 if has_stage prefill-profile; then
   section "ncu: the 128-row prefill kernel, B = 1 causal, page 16 (one launch per case)"
   # NCU_CACHE_CONTROL=none keeps the caches between ncu's replays (default all: flushed);
-  # PREFILL_NCU_SKIP=1 profiles the case's second launch instead of its first.
+  # PREFILL_NCU_SKIP (default 1) skips that many launches: the first one migrates the case's
+  # metadata into GPU memory, as the first kernel of every serving step does.
   cache=${NCU_CACHE_CONTROL:-all}
-  skip=${PREFILL_NCU_SKIP:-0}
+  skip=${PREFILL_NCU_SKIP:-1}
   tag=""
   [ "$cache" = all ] || tag+="-cache-$cache"
-  [ "$skip" = 0 ] || tag+="-skip$skip"
+  [ "$skip" = 1 ] || tag+="-skip$skip"
   for case in ${PREFILL_NCU_CASES:-1x4096x16x4096 1x1024x16x1024}; do
     name="$OUT/prefill-$case$tag"
     timeout 240 ncu --clock-control none --cache-control "$cache" -s "$skip" --set full \
