@@ -34,6 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 import pagekernels as pk
+from pagepool import packed_int32
 
 VARIANTS = ("pool", "device", "host", "host-padded", "host-packed", "host-copied")
 HQ, HKV, D = 32, 8, 128
@@ -57,16 +58,23 @@ def metadata_factory(
         return lambda: (mx.array(rows, dtype=mx.int32), mx.array(lens, dtype=mx.int32))
     if variant == "host-padded":
         return lambda: (mx.array(rows, dtype=mx.int32), mx.array(padded, dtype=mx.int32)[:batch])
-    if variant in ("host-packed", "host-copied"):
-        flat = padded + block_table.reshape(-1).tolist()
+    flat_table = block_table.reshape(-1).tolist()
+    if variant == "host-packed":
 
         def packed() -> tuple[mx.array, mx.array]:
-            both = mx.array(flat, dtype=mx.int32)
-            if variant == "host-copied":  # one kernel reads the list; its copy is device memory
-                both = both + 0
-            return both[len(padded) :].reshape(batch, width), both[:batch]
+            table, lengths = packed_int32(flat_table, lens)  # as BatchMetadata makes them
+            return table.reshape(batch, width), lengths
 
         return packed
+    if variant == "host-copied":
+        flat = padded + flat_table
+
+        def copied() -> tuple[mx.array, mx.array]:
+            # One kernel reads the list; its copy is device memory.
+            both = mx.array(flat, dtype=mx.int32) + 0
+            return both[len(padded) :].reshape(batch, width), both[:batch]
+
+        return copied
     raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
