@@ -50,6 +50,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from attention_workload import DTYPES
+from cupti_trace import kernel_events, trace_events
 
 from pagekernels import get_backend
 from pagepool import BatchMetadata, PagePool
@@ -88,21 +89,19 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     and where each step's wall time goes on one clock: from the step's start (building its
     graph) to its first kernel (`build_graph`: the part before `mx.eval`, the compiled call),
     the kernels' span, and from the last kernel to `mx.eval` returning."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     mx.eval(run())
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+
+    def traced() -> None:
         for _ in range(steps):
             with record_function("decode_step"):
                 with record_function("build_graph"):
                     outputs = run()
                 mx.eval(outputs)
-        mx.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    kernel_events = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+    events = trace_events(traced)
+    launched = kernel_events(events)
     step_events = sorted(
         (e for e in events if e.get("name") == "decode_step" and e.get("cat") == "user_annotation"),
         key=lambda e: e["ts"],
@@ -115,7 +114,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
     lead, span, tail = [], [], []  # microseconds, one entry per traced step with kernels
     for step_event in step_events:
         start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
-        inside = [e for e in kernel_events if start <= e["ts"] < end]
+        inside = [e for e in launched if start <= e["ts"] < end]
         if not inside:
             continue
         last_end = max(e["ts"] + e["dur"] for e in inside)
@@ -124,7 +123,7 @@ def _kernel_trace(run: Callable[[], list[mx.array]], steps: int) -> dict[str, ob
         tail.append(end - last_end)
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     by_launch: dict[tuple[str, tuple[int, ...]], list[float]] = collections.defaultdict(list)
-    for event in kernel_events:
+    for event in launched:
         grid = tuple(event.get("args", {}).get("grid", ()))
         by_name[event["name"]].append(event["dur"])
         by_launch[event["name"], grid].append(event["dur"])

@@ -1,6 +1,8 @@
 """Kernel cases for Nsight Compute: each runs `paged_attention` twice on fresh random pages.
 
-`scripts/gpu.sh profile` runs it under `ncu`; grids tell the cases apart in the report.
+`scripts/gpu.sh profile` runs it under `ncu`; grids tell the cases apart in the report. With
+`--sdpa`, each case runs MLX's SDPA twice instead, on dense K/V of the same shape (the library
+kernel the operator benchmark compares against; `gpu.sh sdpa-profile`).
 
     ncu --section SpeedOfLight -k regex:attention python3 benchmarks/ncu_cases.py 1x8192x16
 """
@@ -42,9 +44,23 @@ def run_case(batch: int, context: int, page_size: int, query_len: int = 1) -> No
     print(f"case B={batch} ctx={context} ps={page_size} L={query_len}", flush=True)
 
 
+def run_sdpa_case(batch: int, context: int, page_size: int, query_len: int = 1) -> None:
+    """Two calls of MLX SDPA on dense K/V of the case's shape (`page_size` is not used)."""
+    k = mx.random.normal((batch, HKV, context, D)).astype(mx.bfloat16)
+    v = mx.random.normal((batch, HKV, context, D)).astype(mx.bfloat16)
+    q = mx.random.normal((batch, HQ, query_len, D)).astype(mx.bfloat16)
+    mx.eval(k, v, q)
+    mask = "causal" if query_len > 1 else None
+    for _ in range(2):
+        mx.eval(mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask))
+    print(f"sdpa case B={batch} ctx={context} L={query_len}", flush=True)
+
+
 def main(argv: list[str]) -> int:
-    for case in argv or ["1x8192x16", "8x1024x16", "1x128x128"]:
-        run_case(*(int(part) for part in case.split("x")))
+    run = run_sdpa_case if argv[:1] == ["--sdpa"] else run_case
+    cases = argv[1:] if run is run_sdpa_case else argv
+    for case in cases or ["1x8192x16", "8x1024x16", "1x128x128"]:
+        run(*(int(part) for part in case.split("x")))
     return 0
 
 

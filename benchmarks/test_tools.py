@@ -1,11 +1,13 @@
 """Tests of the benchmark tools themselves: floors, batch planning, the gate, aggregation, the
 attention CLI end to end on a tiny grid, the admission sweep, the plots, the ncu listing
-reader and the metadata placements."""
+reader, the metadata placements, and the GPU-only tools' bookkeeping (kernel time, sustained
+load) with their GPU-side sources (CUPTI, nvidia-smi) replaced."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +15,7 @@ from types import SimpleNamespace
 import admission_sweep
 import attention
 import attention_worker
+import kernel_time
 import metadata_placement
 import mlx.core as mx
 import ncu_sass
@@ -20,6 +23,7 @@ import numpy as np
 import plot
 import pytest
 import structlog
+import sustained_load
 from admission_sweep import dense_slots, token_bytes
 from attention_report import aggregate
 from attention_workload import Shape, attention_call, check_gate, make_paged_inputs
@@ -386,3 +390,67 @@ def test_ncu_listing_reader_rejects_other_csv(tmp_path: Path) -> None:
         ncu_sass.read_listing(other)
     with pytest.raises(argparse.ArgumentTypeError, match="end before start"):
         ncu_sass.parse_range("5-2")
+
+
+def test_kernel_time_sums_the_kernels_of_each_call(monkeypatch, on_cpu) -> None:
+    traced = []
+
+    def fake_trace(run):  # CUPTI stand-in: 4 calls of three kernels (2 + 1 + 1 us), a host op
+        run()
+        traced.append(None)
+        kernels = [("attention", 2.0), ("merge", 1.0), ("attention", 1.0)] * 4
+        events = [
+            {"cat": "kernel", "name": n, "ts": i, "dur": d} for i, (n, d) in enumerate(kernels)
+        ]
+        return events + [{"cat": "cpu_op", "name": "eval", "ts": 0, "dur": 99.0}]
+
+    monkeypatch.setattr(kernel_time, "trace_events", fake_trace)
+    results = kernel_time.time_shape(1, 128, [16, 128], calls=4, rounds=3)
+    assert [(r["path"], r["shape"]["page_size"]) for r in results] == [
+        ("paged", 16),
+        ("paged", 128),
+        ("sdpa", 16),
+        ("sdpa", 128),
+    ]
+    assert len(traced) == 3 * 4  # every (path, page size) in every round
+    for r in results:
+        assert r["gate"]["ok"] and r["copies"] > 1
+        assert r["samples_kernel_us"] == [4.0] * 3 and r["median_kernel_us"] == 4.0
+        assert r["kernels_per_call"] == 3.0
+        assert r["by_kernel_us"] == {"attention": 3.0, "merge": 1.0}
+
+
+def test_kernel_time_rotates_through_every_copy(on_cpu) -> None:
+    shape = Shape(batch=1, context=128, page_size=128)
+    cell = kernel_time._Cell("paged", shape, get_backend("native"), get_backend("reference"))
+    copies = len(cell.inputs)
+    seen = []
+    cell.call = lambda x: seen.append(id(x))
+    for _ in range(3):
+        cell.calls(copies // 2 + 1)
+    assert len(set(seen[:copies])) == copies and seen[copies] == seen[0]
+
+
+def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
+    tmp_path: Path, monkeypatch, on_cpu
+) -> None:
+    fake = tmp_path / "nvidia-smi"  # 4 idle samples at 1980 MHz, then 1700 MHz at 600 W
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-lms*) i=0; while true; do i=$((i + 1)); if [ $i -le 4 ]\n'
+        "  then echo '1980, 300.0, 40, 0x0'; else echo '1700, 600.0, 61, 0x4'; fi\n"
+        "  sleep 0.05; done;; *) echo 0x0;; esac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    shape = Shape(batch=1, context=40, page_size=16, query_len=8, heads_q=4, heads_kv=2)
+    call = attention_call("paged", get_backend("native"), shape)
+    field = sustained_load._reasons_field()
+    run = sustained_load.run_path(
+        call, make_paged_inputs(shape, seed=0), calls=4, seconds=0.6, settle_s=0.1, field=field
+    )
+    assert run["calls"] % 4 == 0 and run["calls"] >= 8
+    assert run["us_per_call"] == pytest.approx(run["seconds"] / run["calls"] * 1e6)
+    assert run["sm_clock_mhz_range"] == [1700.0, 1700.0] and run["power_w_median"] == 600.0
+    assert run["energy_mj_per_call"] == pytest.approx(600.0 * run["us_per_call"] * 1e-3)
+    assert run["clock_event_reasons"] == ["0x4"] and run["temperature_c_max"] == 61.0

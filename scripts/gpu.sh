@@ -10,9 +10,9 @@
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
 # Stages (default: build test bench serve mlxlm): build test bench decode prefill prefill-profile
-# serve mlxlm admission profile. Test selection: TEST_PATHS (pytest paths or node ids) and
-# TEST_K (a pytest -k expression). .whl/ holds wheels the machine lacks
-# (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
+# sdpa-profile sustained kernel-time serve mlxlm admission profile. Test selection: TEST_PATHS
+# (pytest paths or node ids) and TEST_K (a pytest -k expression). .whl/ holds wheels the machine
+# lacks (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -92,6 +92,15 @@ if has_stage decode; then
   done
 fi
 
+# ncu_extract NAME: the SASS listing with samples and every section's details of report NAME,
+# then the report itself is removed (tens of MB; the two extracts carry what is read).
+ncu_extract() {
+  ncu -i "$1.ncu-rep" --page source --csv --print-source sass | gzip >"$1-sass.csv.gz"
+  ncu -i "$1.ncu-rep" --print-details all | gzip >"$1-details.txt.gz"
+  zcat "$1-details.txt.gz" | grep -E "^  [a-zA-Z_].*(attention|sdpa|fmha|flash)|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|SM Frequency" | head -n 10
+  rm -f "$1.ncu-rep"
+}
+
 if has_stage prefill-profile; then
   section "ncu: the 128-row prefill kernel, B = 1 causal, page 16 (one launch per case)"
   # NCU_CACHE_CONTROL=none keeps the caches between ncu's replays (default all: flushed);
@@ -110,11 +119,36 @@ if has_stage prefill-profile; then
     rc=$?
     echo "ncu $case$tag rc=$rc"
     [ "$rc" = 0 ] || continue  # the log says why; no empty extracts
-    ncu -i "$name.ncu-rep" --page source --csv --print-source sass | gzip >"$name-sass.csv.gz"
-    ncu -i "$name.ncu-rep" --print-details all | gzip >"$name-details.txt.gz"
-    zcat "$name-details.txt.gz" | grep -E "^  [a-z_]+.*attention|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy" | head -n 8
-    rm -f "$name.ncu-rep"  # tens of MB; the two extracts above carry what is read
+    ncu_extract "$name"
   done
+fi
+
+if has_stage sdpa-profile; then
+  section "ncu: MLX SDPA on dense K/V of the prefill cases (its second launch), the same sections"
+  for case in ${PREFILL_NCU_CASES:-1x4096x16x4096}; do
+    name="$OUT/sdpa-$case"
+    timeout 240 ncu --clock-control none --cache-control all -s 1 --set full \
+      -k regex:"${SDPA_NCU_KERNEL:-sdpa|fmha|flash}" -c 1 -o "$name" \
+      python3 benchmarks/ncu_cases.py --sdpa "$case" >"$name.ncu.log" 2>&1
+    rc=$?
+    echo "ncu sdpa $case rc=$rc"
+    [ "$rc" = 0 ] || continue
+    ncu_extract "$name"
+  done
+fi
+
+if has_stage sustained; then
+  section "sustained load: SM clock and power while each path runs back to back"
+  for shape in ${SUSTAINED_SHAPES:-1x4096x4096x16}; do
+    timeout 180 python3 benchmarks/sustained_load.py --shape "$shape" \
+      --json-output "$OUT/sustained-$shape.json" 2>&1 | tee -a "$OUT/sustained.log"
+  done
+fi
+
+if has_stage kernel-time; then
+  section "decode, small shapes: GPU time per call from the kernels' durations (CUPTI)"
+  timeout 300 python3 benchmarks/kernel_time.py --rounds "${KERNEL_TIME_ROUNDS:-5}" \
+    --json-output "$OUT/kernel_time.json" 2>&1 | tee "$OUT/kernel_time.log" | grep "decode B"
 fi
 
 if has_stage serve; then

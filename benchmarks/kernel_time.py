@@ -1,0 +1,161 @@
+"""GPU time per attention call, from the durations of the kernels the call launches (CUPTI).
+
+The operator benchmark (`attention.py`) reports wall time per call. At small decode shapes that
+is MLX's host cost per operation (several us, which moves between machines and processes), not
+the kernels', so it cannot tell page sizes apart. This script reports what the GPU spends: per
+call, the summed durations of its kernels (the attention kernel, and the split merge when the
+planner splits the keys), traced with PyTorch's profiler over `--calls` calls evaluated together.
+
+Every cell gates each path against the readable reference first (2e-2), then runs `--rounds`
+rounds; a round traces every (path, page size) of the cell's shape, in alternating order. The
+calls rotate among enough input copies to read K/V from memory, not L2. Needs the GPU and
+PyTorch (the lent H200 has both).
+
+    python benchmarks/kernel_time.py --batches 1 8 --contexts 128 1024 8192 \
+        --page-sizes 16 128 --json-output kernel_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from attention_workload import (
+    Shape,
+    attention_call,
+    check_gate,
+    derive_copy,
+    make_paged_inputs,
+    sdpa_inputs,
+)
+from batch_timer import GPU_L2_BYTES, plan_batches
+from cupti_trace import kernel_events, trace_events
+
+from pagekernels import get_backend
+from qwen3model.provenance import collect_provenance
+
+PATHS = ("paged", "sdpa")
+MEMORY_BUDGET = 8 * 10**9  # input copies per cell
+
+
+class _Cell:
+    """One (path, page size) of a shape: its lazy call and the input copies it rotates among."""
+
+    def __init__(self, path: str, shape: Shape, backend, reference) -> None:
+        first = make_paged_inputs(shape, seed=1)
+        expected = attention_call("paged", reference, shape)(first)
+        pool_bytes = first.key_pages.nbytes + first.value_pages.nbytes
+        plan = plan_batches(
+            copy_bytes=shape.kv_bytes if path == "sdpa" else pool_bytes,
+            transient_bytes=shape.qo_bytes,
+            cache_bytes=GPU_L2_BYTES,
+            memory_budget=MEMORY_BUDGET,
+            max_calls=1,
+        )
+        pool = [first] + [derive_copy(first, i) for i in range(1, plan.copies)]
+        self.inputs = [sdpa_inputs(reference, x, shape) for x in pool] if path == "sdpa" else pool
+        self.call = attention_call(path, backend, shape)
+        self.gate = check_gate(self.call(self.inputs[0]), expected, shape.dtype)
+        if not self.gate["ok"]:
+            raise SystemExit(f"{shape.label()} {path}: failed the gate {self.gate}")
+        self._next = 0
+
+    def calls(self, count: int) -> list[mx.array]:
+        """`count` lazy calls on the next copies (a copy is reused only after all the others)."""
+        outs = [self.call(self.inputs[(self._next + i) % len(self.inputs)]) for i in range(count)]
+        self._next = (self._next + count) % len(self.inputs)
+        return outs
+
+
+def kernel_us_per_call(cell: _Cell, calls: int) -> dict[str, object]:
+    """Kernels per call and their GPU microseconds per call, in total and by kernel name."""
+    mx.eval(cell.calls(calls))  # warm-up, untraced
+    launched = kernel_events(trace_events(lambda: mx.eval(cell.calls(calls))))
+    by_name: dict[str, float] = collections.defaultdict(float)
+    for event in launched:
+        by_name[event["name"]] += event["dur"] / calls
+    return {
+        "us": sum(by_name.values()),
+        "kernels": len(launched) / calls,
+        "by_kernel": dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def time_shape(
+    batch: int, context: int, page_sizes: list[int], *, calls: int, rounds: int
+) -> list[dict[str, object]]:
+    """Every (path, page size) cell of one decode shape."""
+    backend, reference = get_backend("native"), get_backend("reference")
+    shapes = {ps: Shape(batch=batch, context=context, page_size=ps) for ps in page_sizes}
+    cells = {
+        (path, ps): _Cell(path, shapes[ps], backend, reference)
+        for path, ps in itertools.product(PATHS, page_sizes)
+    }
+    samples: dict[tuple[str, int], list[dict]] = {key: [] for key in cells}
+    order = list(cells)
+    for round_ in range(rounds):
+        for key in order if round_ % 2 == 0 else order[::-1]:
+            samples[key].append(kernel_us_per_call(cells[key], calls))
+    results = []
+    for (path, ps), cell in cells.items():
+        us = [s["us"] for s in samples[path, ps]]
+        results.append(
+            {
+                "path": path,
+                "shape": shapes[ps].to_dict(),
+                "label": shapes[ps].label(),
+                "gate": cell.gate,
+                "copies": len(cell.inputs),
+                "calls_per_sample": calls,
+                "median_kernel_us": statistics.median(us),
+                "samples_kernel_us": us,
+                "kernels_per_call": samples[path, ps][0]["kernels"],
+                "by_kernel_us": samples[path, ps][0]["by_kernel"],
+            }
+        )
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 8192])
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 128])
+    parser.add_argument("--calls", type=int, default=32, help="calls traced per sample")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json-output", type=Path)
+    args = parser.parse_args(argv)
+    if not mx.cuda.is_available():
+        raise SystemExit("needs MLX's CUDA backend and PyTorch (CUPTI)")
+    mx.set_default_device(mx.gpu)
+    results = []
+    for batch, context in itertools.product(args.batches, args.contexts):
+        shape_results = time_shape(
+            batch, context, args.page_sizes, calls=args.calls, rounds=args.rounds
+        )
+        results += shape_results
+        cells = "  ".join(
+            f"{r['path']} ps{r['shape']['page_size']} {r['median_kernel_us']:6.2f}"
+            for r in shape_results
+        )
+        print(f"decode B={batch} ctx={context}: GPU us per call  {cells}", flush=True)
+    if args.json_output:
+        record = {
+            "kind": "kernel_time",
+            "provenance": collect_provenance("gpu"),
+            "method": __doc__.split("\n\n")[1],
+            "results": results,
+        }
+        args.json_output.parent.mkdir(parents=True, exist_ok=True)
+        args.json_output.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,162 @@
+"""The GPU's SM clock and power draw while one attention path runs back to back (GPU).
+
+Two kernels a few percent apart can be told apart by the clock as much as by their code: under a
+sustained tensor-core load a GPU lowers its SM clock to stay within its power limit. This script
+runs each path (direct paged attention; MLX SDPA on the gathered K/V) on one shape for
+`--seconds`, keeping the GPU busy (the next batch of calls is submitted before the previous one
+is waited for), while `nvidia-smi` samples the SM clock, the power draw and the active
+clock-event reasons. Per path it reports us per call, the median clock and power over the
+samples after the load's first `--settle-s`, energy per call, and every clock-event reason seen
+(bitmask, as nvidia-smi prints it). Paths alternate over `--rounds` rounds.
+
+    python benchmarks/sustained_load.py --shape 1x4096x4096x16 --json-output sustained.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from attention_workload import Shape, attention_call, check_gate, make_paged_inputs, sdpa_inputs
+
+from pagekernels import get_backend
+from qwen3model.provenance import collect_provenance
+
+PATHS = ("paged", "sdpa")
+QUERY = ("clocks.sm", "power.draw", "temperature.gpu")
+REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new, old name
+PERIOD_MS = 50  # nvidia-smi's sampling period
+IDLE_S = 0.2  # sampled before the load starts (dropped with the settling samples)
+
+
+def _reasons_field() -> str:
+    """The clock-event reasons field this driver's nvidia-smi knows."""
+    for field in REASONS:
+        probe = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0:
+            return field
+    raise SystemExit(f"nvidia-smi knows none of {REASONS}")
+
+
+def _sample_gpu(field: str, period_ms: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            "nvidia-smi",
+            "--id=0",
+            f"--query-gpu={','.join(QUERY)},{field}",
+            "--format=csv,noheader,nounits",
+            f"-lms={period_ms}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field: str) -> dict:
+    """`calls` lazy calls per batch, batches back to back for `seconds`, sampled by nvidia-smi."""
+    mx.eval([call(inputs) for _ in range(calls)])  # warm-up
+    sampler = _sample_gpu(field, period_ms=PERIOD_MS)
+    time.sleep(IDLE_S)  # nvidia-smi's first sample
+    start = time.perf_counter()
+    done = 0
+    pending = [call(inputs) for _ in range(calls)]
+    mx.async_eval(pending)
+    while time.perf_counter() - start < seconds:
+        following = [call(inputs) for _ in range(calls)]
+        mx.async_eval(following)
+        mx.eval(pending)
+        done += calls
+        pending = following
+    mx.eval(pending)
+    done += calls
+    wall = time.perf_counter() - start
+    sampler.terminate()
+    lines = sampler.communicate()[0].strip().splitlines()
+    rows = [[cell.strip() for cell in line.split(",")] for line in lines]
+    settle = round((IDLE_S + settle_s) / (PERIOD_MS / 1000))  # samples before the load settled
+    steady = rows[settle:] or rows
+    clocks = [float(r[0]) for r in steady]
+    power = [float(r[1]) for r in steady]
+    us_per_call = wall / done * 1e6
+    return {
+        "calls": done,
+        "seconds": wall,
+        "us_per_call": us_per_call,
+        "sm_clock_mhz_median": statistics.median(clocks),
+        "sm_clock_mhz_range": [min(clocks), max(clocks)],
+        "power_w_median": statistics.median(power),
+        "energy_mj_per_call": statistics.median(power) * us_per_call * 1e-3,
+        "temperature_c_max": max(float(r[2]) for r in steady),
+        "clock_event_reasons": sorted({r[3] for r in steady}),
+        "samples": rows,
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="1x4096x4096x16", help="BxCONTEXTxQUERY_LENxPAGE_SIZE")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per path and round")
+    parser.add_argument("--settle-s", type=float, default=0.5, help="samples dropped per run")
+    parser.add_argument("--calls", type=int, default=16, help="calls per submitted batch")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json-output", type=Path)
+    args = parser.parse_args(argv)
+    if not mx.cuda.is_available():
+        raise SystemExit("needs MLX's CUDA backend and nvidia-smi")
+    mx.set_default_device(mx.gpu)
+    batch, context, query_len, page_size = (int(x) for x in args.shape.split("x"))
+    shape = Shape(batch=batch, context=context, page_size=page_size, query_len=query_len)
+    backend, reference = get_backend("native"), get_backend("reference")
+    paged_inputs = make_paged_inputs(shape, seed=1)
+    expected = attention_call("paged", reference, shape)(paged_inputs)
+    inputs = {"paged": paged_inputs, "sdpa": sdpa_inputs(reference, paged_inputs, shape)}
+    calls = {path: attention_call(path, backend, shape) for path in PATHS}
+    gates = {path: check_gate(calls[path](inputs[path]), expected, shape.dtype) for path in PATHS}
+    if not all(g["ok"] for g in gates.values()):
+        raise SystemExit(f"gate failed: {gates}")
+    field = _reasons_field()
+    runs: dict[str, list[dict]] = {path: [] for path in PATHS}
+    for round_ in range(args.rounds):
+        for path in PATHS if round_ % 2 == 0 else PATHS[::-1]:
+            run = run_path(
+                calls[path],
+                inputs[path],
+                calls=args.calls,
+                seconds=args.seconds,
+                settle_s=args.settle_s,
+                field=field,
+            )
+            runs[path].append(run)
+            print(
+                f"{shape.label()} {path:5s} round {round_}: {run['us_per_call']:7.1f} us/call, "
+                f"SM {run['sm_clock_mhz_median']:.0f} MHz, {run['power_w_median']:.0f} W, "
+                f"{run['energy_mj_per_call']:.3f} mJ/call, reasons {run['clock_event_reasons']}",
+                flush=True,
+            )
+    if args.json_output:
+        record = {
+            "kind": "sustained_load",
+            "provenance": collect_provenance("gpu"),
+            "method": __doc__.split("\n\n")[1],
+            "shape": shape.to_dict(),
+            "reasons_field": field,
+            "gates": gates,
+            "runs": runs,
+        }
+        args.json_output.parent.mkdir(parents=True, exist_ok=True)
+        args.json_output.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
