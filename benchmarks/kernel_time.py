@@ -1,24 +1,30 @@
-"""GPU time per attention call, from the durations of the kernels the call launches (CUPTI).
+"""GPU time per attention call, from the kernels the call launches (CUPTI), calls in a chain.
 
-The operator benchmark (`attention.py`) reports wall time per call. At small decode shapes that
-is MLX's host cost per operation (several us, which moves between machines and processes), not
-the kernels', so it cannot tell page sizes apart. This script reports what the GPU spends: per
-call, the summed durations of its kernels (the attention kernel, and the split merge when the
-planner splits the keys), traced with PyTorch's profiler over `--calls` calls evaluated together.
+The operator benchmark (`attention.py`) reports wall time per call over independent calls
+evaluated together. At small decode shapes that is MLX's host cost per operation (several us,
+which moves between machines and processes), and the GPU may run the independent calls' kernels
+at the same time, so it is a throughput figure. This script measures latency on the GPU: each
+call's queries are the previous call's output, as one layer's attention follows the last one's,
+so the calls run one after another, and the kernels are traced with PyTorch's profiler over
+`--calls` such calls. Per call it reports the summed kernel durations (the attention kernel, and
+the split merge when the planner splits the keys) and the span from the first kernel's start to
+the last one's end (kernels plus the GPU's gaps between dependent launches).
 
 Every cell gates each path against the readable reference first (2e-2), then runs `--rounds`
-rounds; a round traces every (path, page size) of the cell's shape, in alternating order. The
-calls rotate among enough input copies to read K/V from memory, not L2. Needs the GPU and
-PyTorch (the lent H200 has both).
+rounds; a round traces every (path, page size) of the shape, in alternating order. The calls
+rotate among enough K/V copies to read them from memory, not L2. Needs the GPU and PyTorch
+(the lent H200 has both).
 
     python benchmarks/kernel_time.py --batches 1 8 --contexts 128 1024 8192 \
         --page-sizes 16 128 --json-output kernel_time.json
+    python benchmarks/kernel_time.py --batches 1 --contexts 4096 --prefill --page-sizes 16
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import itertools
 import json
 import statistics
@@ -66,33 +72,47 @@ class _Cell:
             raise SystemExit(f"{shape.label()} {path}: failed the gate {self.gate}")
         self._next = 0
 
-    def calls(self, count: int) -> list[mx.array]:
-        """`count` lazy calls on the next copies (a copy is reused only after all the others)."""
-        outs = [self.call(self.inputs[(self._next + i) % len(self.inputs)]) for i in range(count)]
-        self._next = (self._next + count) % len(self.inputs)
-        return outs
+    def calls(self, count: int) -> mx.array:
+        """The last of `count` chained lazy calls: each on the next K/V copy (reused only after
+        all the others), its queries the previous call's output."""
+        out = None
+        for _ in range(count):
+            x = self.inputs[self._next]
+            if out is not None:
+                x = (out, *x[1:]) if isinstance(x, tuple) else dataclasses.replace(x, queries=out)
+            out = self.call(x)
+            self._next = (self._next + 1) % len(self.inputs)
+        return out
 
 
 def kernel_us_per_call(cell: _Cell, calls: int) -> dict[str, object]:
-    """Kernels per call and their GPU microseconds per call, in total and by kernel name."""
+    """Kernels per call, their GPU microseconds per call (in total and by kernel name) and the
+    span of the chain per call."""
     mx.eval(cell.calls(calls))  # warm-up, untraced
     launched = kernel_events(trace_events(lambda: mx.eval(cell.calls(calls))))
     by_name: dict[str, float] = collections.defaultdict(float)
     for event in launched:
         by_name[event["name"]] += event["dur"] / calls
+    span = max(e["ts"] + e["dur"] for e in launched) - launched[0]["ts"]
     return {
         "us": sum(by_name.values()),
+        "span_us": span / calls,
         "kernels": len(launched) / calls,
         "by_kernel": dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
     }
 
 
 def time_shape(
-    batch: int, context: int, page_sizes: list[int], *, calls: int, rounds: int
+    batch: int, context: int, page_sizes: list[int], *, prefill: bool, calls: int, rounds: int
 ) -> list[dict[str, object]]:
-    """Every (path, page size) cell of one decode shape."""
+    """Every (path, page size) cell of one decode shape (causal prefill of `context` tokens
+    with `prefill`)."""
     backend, reference = get_backend("native"), get_backend("reference")
-    shapes = {ps: Shape(batch=batch, context=context, page_size=ps) for ps in page_sizes}
+    query_len = context if prefill else 1
+    shapes = {
+        ps: Shape(batch=batch, context=context, page_size=ps, query_len=query_len)
+        for ps in page_sizes
+    }
     cells = {
         (path, ps): _Cell(path, shapes[ps], backend, reference)
         for path, ps in itertools.product(PATHS, page_sizes)
@@ -105,6 +125,7 @@ def time_shape(
     results = []
     for (path, ps), cell in cells.items():
         us = [s["us"] for s in samples[path, ps]]
+        span = [s["span_us"] for s in samples[path, ps]]
         results.append(
             {
                 "path": path,
@@ -115,6 +136,8 @@ def time_shape(
                 "calls_per_sample": calls,
                 "median_kernel_us": statistics.median(us),
                 "samples_kernel_us": us,
+                "median_span_us": statistics.median(span),
+                "samples_span_us": span,
                 "kernels_per_call": samples[path, ps][0]["kernels"],
                 "by_kernel_us": samples[path, ps][0]["by_kernel"],
             }
@@ -127,6 +150,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 8192])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 128])
+    parser.add_argument("--prefill", action="store_true", help="causal prefill: L = context")
     parser.add_argument("--calls", type=int, default=32, help="calls traced per sample")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json-output", type=Path)
@@ -137,14 +161,21 @@ def main(argv: list[str]) -> int:
     results = []
     for batch, context in itertools.product(args.batches, args.contexts):
         shape_results = time_shape(
-            batch, context, args.page_sizes, calls=args.calls, rounds=args.rounds
+            batch,
+            context,
+            args.page_sizes,
+            prefill=args.prefill,
+            calls=args.calls,
+            rounds=args.rounds,
         )
         results += shape_results
         cells = "  ".join(
             f"{r['path']} ps{r['shape']['page_size']} {r['median_kernel_us']:6.2f}"
+            f" ({r['median_span_us']:6.2f})"
             for r in shape_results
         )
-        print(f"decode B={batch} ctx={context}: GPU us per call  {cells}", flush=True)
+        op = "prefill" if args.prefill else "decode"
+        print(f"{op} B={batch} ctx={context}: GPU us per call (span)  {cells}", flush=True)
     if args.json_output:
         record = {
             "kind": "kernel_time",

@@ -405,7 +405,7 @@ def test_kernel_time_sums_the_kernels_of_each_call(monkeypatch, on_cpu) -> None:
         return events + [{"cat": "cpu_op", "name": "eval", "ts": 0, "dur": 99.0}]
 
     monkeypatch.setattr(kernel_time, "trace_events", fake_trace)
-    results = kernel_time.time_shape(1, 128, [16, 128], calls=4, rounds=3)
+    results = kernel_time.time_shape(1, 128, [16, 128], prefill=False, calls=4, rounds=3)
     assert [(r["path"], r["shape"]["page_size"]) for r in results] == [
         ("paged", 16),
         ("paged", 128),
@@ -416,19 +416,31 @@ def test_kernel_time_sums_the_kernels_of_each_call(monkeypatch, on_cpu) -> None:
     for r in results:
         assert r["gate"]["ok"] and r["copies"] > 1
         assert r["samples_kernel_us"] == [4.0] * 3 and r["median_kernel_us"] == 4.0
+        assert r["median_span_us"] == 12.0 / 4  # kernel 11 ends at 12 us
         assert r["kernels_per_call"] == 3.0
         assert r["by_kernel_us"] == {"attention": 3.0, "merge": 1.0}
 
 
-def test_kernel_time_rotates_through_every_copy(on_cpu) -> None:
+@pytest.mark.parametrize("path", kernel_time.PATHS)
+def test_kernel_time_chains_calls_through_every_copy(path: str, on_cpu) -> None:
     shape = Shape(batch=1, context=128, page_size=128)
-    cell = kernel_time._Cell("paged", shape, get_backend("native"), get_backend("reference"))
+    cell = kernel_time._Cell(path, shape, get_backend("native"), get_backend("reference"))
     copies = len(cell.inputs)
-    seen = []
-    cell.call = lambda x: seen.append(id(x))
+    seen = []  # (K/V copy, queries) of every call
+
+    def call(x):
+        keys = x[1] if path == "sdpa" else x.key_pages
+        queries = x[0] if path == "sdpa" else x.queries
+        seen.append((id(keys), queries))
+        return mx.full(queries.shape, len(seen), queries.dtype)
+
+    cell.call = call
     for _ in range(3):
-        cell.calls(copies // 2 + 1)
-    assert len(set(seen[:copies])) == copies and seen[copies] == seen[0]
+        last = cell.calls(copies // 2 + 1)
+    assert len({k for k, _ in seen[:copies]}) == copies and seen[copies][0] == seen[0][0]
+    chained = [int(q[0, 0, 0, 0].item()) for _, q in seen[1 : copies // 2 + 1]]
+    assert chained == list(range(1, copies // 2 + 1))  # each call reads the previous output
+    assert int(last[0, 0, 0, 0].item()) == len(seen)
 
 
 def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
