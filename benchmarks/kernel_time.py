@@ -15,9 +15,14 @@ rounds; a round traces every (path, page size) of the shape, in alternating orde
 rotate among enough K/V copies to read them from memory, not L2. Needs the GPU and PyTorch
 (the lent H200 has both).
 
+Decode only: a prefill chain would feed each call the previous output, whose small values make
+the softmax of both kernels take their cheap paths (and the tensor cores draw less power), so
+prefill is compared on fresh random inputs by `attention.py`. `--decode-splits N` forces the
+CUDA decode kernel's key chunks (0: the planner's choice), as in `attention.py`.
+
     python benchmarks/kernel_time.py --batches 1 8 --contexts 128 1024 8192 \
         --page-sizes 16 128 --json-output kernel_time.json
-    python benchmarks/kernel_time.py --batches 1 --contexts 4096 --prefill --page-sizes 16
+    python benchmarks/kernel_time.py --paths paged --decode-splits 4 --batches 8 --contexts 8192
 """
 
 from __future__ import annotations
@@ -103,19 +108,20 @@ def kernel_us_per_call(cell: _Cell, calls: int) -> dict[str, object]:
 
 
 def time_shape(
-    batch: int, context: int, page_sizes: list[int], *, prefill: bool, calls: int, rounds: int
+    batch: int,
+    context: int,
+    page_sizes: list[int],
+    *,
+    paths: tuple[str, ...] = PATHS,
+    calls: int,
+    rounds: int,
 ) -> list[dict[str, object]]:
-    """Every (path, page size) cell of one decode shape (causal prefill of `context` tokens
-    with `prefill`)."""
+    """Every (path, page size) cell of one decode shape."""
     backend, reference = get_backend("native"), get_backend("reference")
-    query_len = context if prefill else 1
-    shapes = {
-        ps: Shape(batch=batch, context=context, page_size=ps, query_len=query_len)
-        for ps in page_sizes
-    }
+    shapes = {ps: Shape(batch=batch, context=context, page_size=ps) for ps in page_sizes}
     cells = {
         (path, ps): _Cell(path, shapes[ps], backend, reference)
-        for path, ps in itertools.product(PATHS, page_sizes)
+        for path, ps in itertools.product(paths, page_sizes)
     }
     samples: dict[tuple[str, int], list[dict]] = {key: [] for key in cells}
     order = list(cells)
@@ -150,7 +156,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 8192])
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--prefill", action="store_true", help="causal prefill: L = context")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument(
+        "--decode-splits", type=int, default=0, help="CUDA decode key chunks (0 = the planner's)"
+    )
     parser.add_argument("--calls", type=int, default=32, help="calls traced per sample")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json-output", type=Path)
@@ -158,13 +167,16 @@ def main(argv: list[str]) -> int:
     if not mx.cuda.is_available():
         raise SystemExit("needs MLX's CUDA backend and PyTorch (CUPTI)")
     mx.set_default_device(mx.gpu)
+    from pagekernels import _ext
+
+    _ext.set_decode_num_splits(args.decode_splits)
     results = []
     for batch, context in itertools.product(args.batches, args.contexts):
         shape_results = time_shape(
             batch,
             context,
             args.page_sizes,
-            prefill=args.prefill,
+            paths=tuple(args.paths),
             calls=args.calls,
             rounds=args.rounds,
         )
@@ -174,13 +186,13 @@ def main(argv: list[str]) -> int:
             f" ({r['median_span_us']:6.2f})"
             for r in shape_results
         )
-        op = "prefill" if args.prefill else "decode"
-        print(f"{op} B={batch} ctx={context}: GPU us per call (span)  {cells}", flush=True)
+        print(f"decode B={batch} ctx={context}: GPU us per call (span)  {cells}", flush=True)
     if args.json_output:
         record = {
             "kind": "kernel_time",
             "provenance": collect_provenance("gpu"),
-            "method": __doc__.split("\n\n")[1],
+            "method": " ".join(__doc__.split("\n\n")[1:3]),
+            "decode_splits": args.decode_splits,
             "results": results,
         }
         args.json_output.parent.mkdir(parents=True, exist_ok=True)

@@ -405,7 +405,7 @@ def test_kernel_time_sums_the_kernels_of_each_call(monkeypatch, on_cpu) -> None:
         return events + [{"cat": "cpu_op", "name": "eval", "ts": 0, "dur": 99.0}]
 
     monkeypatch.setattr(kernel_time, "trace_events", fake_trace)
-    results = kernel_time.time_shape(1, 128, [16, 128], prefill=False, calls=4, rounds=3)
+    results = kernel_time.time_shape(1, 128, [16, 128], calls=4, rounds=3)
     assert [(r["path"], r["shape"]["page_size"]) for r in results] == [
         ("paged", 16),
         ("paged", 128),
