@@ -169,13 +169,12 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
 
   const int row_blocks = static_cast<int>(ceil_div(rows, choice.rows_per_cta));
   const int64_t work = int64_t{s.batch} * s.num_kv_heads * row_blocks;
-  const int sms = sm_count(enc);
-  const int64_t wave = int64_t{sms} * info.ctas_per_sm;
-  // Decode: enough CTAs to stream K/V at full bandwidth (decode_target_ctas). Prefill partials
-  // cost rows * splits * D * 8 bytes of traffic: split only to fill one wave.
+  const int64_t wave = int64_t{sm_count(enc)} * info.ctas_per_sm;
+  // Both split only to fill one wave; prefill partials cost rows * splits * D * 8 bytes of
+  // traffic, so its chunks stay longer.
   const SplitPlan plan =
-      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile),
-                  decode ? decode_target_ctas(sms) : wave,
+      plan_splits(work, s.max_keys, chunk_alignment(s.page_size, choice.key_tile), wave,
+                  decode ? kMinDecodeChunkKeys : kMinChunkKeys,
                   decode ? kMaxAutoDecodeSplits : kMaxSplits,
                   decode ? decode_num_splits() : prefill_num_splits());
 

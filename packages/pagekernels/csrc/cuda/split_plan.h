@@ -13,26 +13,23 @@
 
 namespace pagekernels::cuda {
 
-// A chunk shorter than this costs more in launch/merge than it gains in parallelism. 256 keys
-// (128 KB of bf16 K+V per kv head at D=128) as FlashInfer's single-request decode; to tune.
+// Prefill: a chunk shorter than this costs more in partials and merge than it gains in
+// parallelism (256 keys: 128 KB of bf16 K+V per kv head at D = 128, as FlashInfer's
+// single-request decode).
 constexpr int kMinChunkKeys = 256;
 
 constexpr int kMaxSplits = 65535;  // gridDim.y
 
-// Most chunks the decode planner picks by itself. Past 8 chunks per row the merge (which walks
-// a row's chunks) costs more than the extra CTAs gain: on the H200 (operator benchmark, bf16,
-// Hkv 8) B=1 x 8192 took 22.9 us in 32 chunks and 18.6 us in 8, B=1 x 32768 43.6 us in 64 and
-// 39.1 us in 8, with 16 and 64 chunks slower than 8 at both page sizes; at the other B = 1
-// and 8 shapes measured the planner already chose at most 8.
-constexpr int kMaxAutoDecodeSplits = 8;
-
-// CTAs the decode planner splits for: half as many as SMs, tuned on the H200 for the decode mma
-// kernel (operator benchmark, bf16, Hkv 8, D 128, page 16; results/h200/session9/94750e8-tma),
-// where 64 unsplit CTAs already stream K/V at 4.3 TB/s (B = 8 x 8192: 62.5 us unsplit, 61.9 in 2
-// chunks, 71.1 in the 8 that a target of two waves of CTA slots chose), and every split adds the
-// merge (B = 8 x 1024: 14.1 us unsplit, 18.9 in 4 chunks; B = 32 x 1024: 37.2 vs 41.8 in 2; B = 32
-// x 8192: 244.0 vs 251.5 in 2). B = 1 (8 CTAs unsplit) still takes 8 chunks.
-inline int64_t decode_target_ctas(int sm_count) { return std::max(sm_count / 2, 1); }
+// Decode splits until the grid fills one wave of resident CTAs, in chunks of at least 128 keys
+// and at most 32 chunks per row. Tuned on the H200 by the latency of one call among dependent
+// ones (benchmarks/kernel_time.py, forced chunks 1-32, bf16, Hkv 8, D 128, pages of 16 and 128;
+// results/h200/session16/split-sweep): the planner's choice is the best count or within 7 % of
+// it at B = 1 x 1024 (8 chunks, 8.4 us), 1 x 8192 (32: 19.0 us; 16: 17.7), 1 x 32768 (32: 42.5),
+// 8 x 1024 (4: 15.9; 2 the same), 8 x 8192 (4: 70.2), 32 x 1024 and 32 x 8192 (1: 36.5, 245.8).
+// (An earlier tuning, on independent calls that the GPU ran side by side, left B = 8 x 8192
+// unsplit: 64 CTAs, 172 us per call alone.)
+constexpr int kMinDecodeChunkKeys = 128;
+constexpr int kMaxAutoDecodeSplits = 32;
 
 struct SplitPlan {
   int num_splits;  // key chunks per (b, kv_head, row block)
@@ -43,11 +40,11 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // work: CTAs without a split; max_keys: most keys any row can see (shape bound); align: chunk
 // granularity (lcm of page size and key tile); target_ctas: split until work * splits reaches
-// this many CTAs (decode_target_ctas for decode, one wave of resident CTAs for prefill);
+// this many CTAs (one wave of resident CTAs); min_chunk_keys: shortest chunk chosen that way;
 // max_auto_splits: most chunks chosen that way; forced_splits: 0 = choose, n > 0 = n chunks
 // (tests, benchmarks), clamped to what fits.
 inline SplitPlan plan_splits(int64_t work, int64_t max_keys, int align, int64_t target_ctas,
-                             int max_auto_splits, int forced_splits) {
+                             int min_chunk_keys, int max_auto_splits, int forced_splits) {
   max_keys = std::max<int64_t>(max_keys, 1);
   work = std::max<int64_t>(work, 1);
   const int64_t most = std::min<int64_t>(ceil_div(max_keys, align), kMaxSplits);
@@ -56,7 +53,7 @@ inline SplitPlan plan_splits(int64_t work, int64_t max_keys, int align, int64_t 
     splits = forced_splits;
   } else if (work < target_ctas) {
     const int64_t to_fill = target_ctas / work;
-    const int64_t by_chunk = max_keys / kMinChunkKeys;
+    const int64_t by_chunk = max_keys / min_chunk_keys;
     splits = std::min({to_fill, by_chunk, int64_t{max_auto_splits}});
   }
   splits = std::clamp<int64_t>(splits, 1, most);
