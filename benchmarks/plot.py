@@ -1,12 +1,14 @@
 """Results JSON -> PNG plots (matplotlib, Agg backend: no display needed).
 
-Understands the four kinds of results this repository writes:
+Understands the five kinds of results this repository writes:
 - `benchmarks/attention.py`: decode latency and K/V bandwidth against context for every path (one
   panel per batch x page size), prefill latency, and `write_kv` against the copy-then-scatter;
 - `qwen3model serve-bench --json-output`: throughput and memory per variant;
 - `benchmarks/admission_sweep.py`: concurrency and throughput against the KV budget;
 - `benchmarks/decode_step.py`: one decode step per results file (one commit each), its wall
-  time against its host share and GPU time, and the GPU time by kind of kernel.
+  time against its host share and GPU time, and the GPU time by kind of kernel;
+- `benchmarks/kernel_time.py`: GPU latency per decode call against context, per path and page
+  size (one panel per batch).
 
     .venv/bin/python benchmarks/plot.py out/attention.json out/serving.json --output-dir out/plots
 """
@@ -37,16 +39,16 @@ H200_COPY_GBPS = 4300.0  # measured device-to-device copy (shared/device/README.
 
 
 def detect_kind(document: dict) -> str:
-    """ "attention", "admission_sweep", "decode_step" or "serving" (serve-bench has no `kind`
-    field)."""
-    if document.get("kind") in ("attention", "admission_sweep", "decode_step"):
+    """ "attention", "admission_sweep", "decode_step", "kernel_time" or "serving" (serve-bench
+    has no `kind` field)."""
+    if document.get("kind") in ("attention", "admission_sweep", "decode_step", "kernel_time"):
         return document["kind"]
     if "results" in document and "trace" in document:
         return "serving"
     raise ValueError(
         f"unrecognised results JSON (top-level keys {sorted(document)}); expected the output of "
-        "benchmarks/attention.py, benchmarks/admission_sweep.py, benchmarks/decode_step.py or "
-        "qwen3model serve-bench"
+        "benchmarks/attention.py, benchmarks/admission_sweep.py, benchmarks/decode_step.py, "
+        "benchmarks/kernel_time.py or qwen3model serve-bench"
     )
 
 
@@ -120,6 +122,35 @@ def _attention_curves(document: dict, out: Path, stem: str) -> list[Path]:
         title = f"decode attention {suffix} (Hq 32 / Hkv 8 / D 128) - {_subtitle(document)}"
         written.append(_save(fig, out / f"{stem}-decode-{suffix}.png", title))
     return written
+
+
+def _kernel_time(document: dict, out: Path, stem: str) -> list[Path]:
+    batches = sorted({r["shape"]["batch"] for r in document["results"]})
+    fig, axes = _panels(len(batches), ncols=3)
+    for ax, batch in zip(axes, batches, strict=True):
+        rows = [r for r in document["results"] if r["shape"]["batch"] == batch]
+        for path, page_size in sorted({(r["path"], r["shape"]["page_size"]) for r in rows}):
+            points = sorted(
+                (r["shape"]["context"], r["median_kernel_us"])
+                for r in rows
+                if r["path"] == path and r["shape"]["page_size"] == page_size
+            )
+            style = dict(PATH_STYLE[path], label=f"{PATH_STYLE[path]['label']}, page {page_size}")
+            if page_size != min(r["shape"]["page_size"] for r in rows):
+                style.update(linestyle="--", markerfacecolor="none")
+            ax.plot([x for x, _ in points], [y for _, y in points], **style)
+        contexts = sorted({r["shape"]["context"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(contexts, [str(x) for x in contexts])
+        ax.set(
+            yscale="log", xlabel="context (tokens)", ylabel="GPU us per call", title=f"B={batch}"
+        )
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    splits = document.get("decode_splits", 0)
+    chunks = f"{splits} key chunks" if splits else "the planner's key chunks"
+    title = f"decode latency, chained calls, {chunks} - {_subtitle(document)}"
+    return [_save(fig, out / f"{stem}-latency.png", title)]
 
 
 def _attention_bars(document: dict, out: Path, stem: str) -> list[Path]:
@@ -302,8 +333,8 @@ def plot_files(paths: list[Path], output_dir: Path) -> list[Path]:
     """Writes every plot the results files support; returns the PNG paths.
 
     Serving files (serve-bench, mlx_lm_reference) are drawn together in one figure, named after
-    the first of them, and so are decode-step files, in the order given; attention and admission
-    files get their own figures each.
+    the first of them, and so are decode-step files, in the order given; attention, admission
+    and kernel-time files get their own figures each.
     """
     documents = [(path, json.loads(path.read_text())) for path in paths]
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -318,6 +349,8 @@ def plot_files(paths: list[Path], output_dir: Path) -> list[Path]:
             written += _admission(document, output_dir, path.stem)
         elif kind == "decode_step":
             decode_steps.append((path, document))
+        elif kind == "kernel_time":
+            written += _kernel_time(document, output_dir, path.stem)
         else:
             serving.append((path, document))
     if serving:

@@ -338,6 +338,16 @@ def test_decode_step_plot_from_the_h200_records(tmp_path: Path) -> None:
     assert plot._kernel_family("mlx::core::cu::binary_vv<Add>") == "other"
 
 
+def test_kernel_time_plot_from_the_h200_records(tmp_path: Path) -> None:
+    """Session 16's latency records: one panel per batch, a line per path and page size."""
+    record = Path(__file__).parent / "results/h200/session16/planner-70e5991/kernel_time.json"
+    document = json.loads(record.read_text())
+    assert plot.detect_kind(document) == "kernel_time"
+    pngs = plot.plot_files([record], tmp_path / "plots")
+    assert [p.name for p in pngs] == ["kernel_time-latency.png"]
+    assert pngs[0].read_bytes().startswith(PNG_MAGIC)
+
+
 def _write_listing(path: Path, rows: list[tuple[str, int, int, int, int]]) -> None:
     """An ncu SASS listing as `ncu --page source --csv` writes it: (sass, samples, executed,
     stall_wait, stall_long_sb) per instruction, numbers with thousands separators."""
