@@ -1,7 +1,7 @@
 """GPU kernel events of MLX work, recorded by PyTorch's profiler (CUPTI sees MLX's graph launches).
 
-Needs PyTorch in the same environment (the lent H200 has it; CI has none and never imports this
-module's users with a GPU).
+Tracing needs PyTorch in the same environment (the lent H200 has it). It is imported only when
+a trace runs, so CPU tests can import this module's users and replace `trace_events`.
 """
 
 from __future__ import annotations

@@ -10,14 +10,16 @@ so the calls run one after another, and the kernels are traced with PyTorch's pr
 the split merge when the planner splits the keys) and the span from the first kernel's start to
 the last one's end (kernels plus the GPU's gaps between dependent launches).
 
-Every cell gates each path against the readable reference first (2e-2), then runs `--rounds`
-rounds; a round traces every (path, page size) of the shape, in alternating order. The calls
+A shape's cells are paged at each page size and MLX SDPA once (on K/V gathered from the
+smallest page size). Every cell gates against the readable reference first (2e-2), then runs
+`--rounds` rounds; a round traces every cell of the shape, in alternating order. The calls
 rotate among enough K/V copies to read them from memory, not L2. Needs the GPU and PyTorch
 (the lent H200 has both).
 
-Decode only: a prefill chain would feed each call the previous output, whose small values make
-the softmax of both kernels take their cheap paths (and the tensor cores draw less power), so
-prefill is compared on fresh random inputs by `attention.py`. `--decode-splits N` forces the
+Decode only: a prefill chain feeds each call the previous output, whose small values send our
+softmax down its cheap path on every tile and lower the tensor cores' power draw (both kernels
+ran faster than on random inputs), so prefill is compared on fresh random inputs by
+`attention.py`. `--decode-splits N` forces the
 CUDA decode kernel's key chunks (0: the planner's choice), as in `attention.py`.
 
     python benchmarks/kernel_time.py --batches 1 8 --contexts 128 1024 8192 \
@@ -56,7 +58,10 @@ MEMORY_BUDGET = 8 * 10**9  # input copies per cell
 
 
 class _Cell:
-    """One (path, page size) of a shape: its lazy call and the input copies it rotates among."""
+    """One (path, page size) of a shape: its lazy call and the input copies it rotates among.
+
+    The sdpa path's copies are dense K/V gathered from pool copies, one pool at a time.
+    """
 
     def __init__(self, path: str, shape: Shape, backend, reference) -> None:
         first = make_paged_inputs(shape, seed=1)
@@ -69,8 +74,11 @@ class _Cell:
             memory_budget=MEMORY_BUDGET,
             max_calls=1,
         )
-        pool = [first] + [derive_copy(first, i) for i in range(1, plan.copies)]
-        self.inputs = [sdpa_inputs(reference, x, shape) for x in pool] if path == "sdpa" else pool
+        pools = itertools.chain([first], (derive_copy(first, i) for i in range(1, plan.copies)))
+        if path == "sdpa":
+            self.inputs = [sdpa_inputs(reference, x, shape) for x in pools]
+        else:
+            self.inputs = list(pools)
         self.call = attention_call(path, backend, shape)
         self.gate = check_gate(self.call(self.inputs[0]), expected, shape.dtype)
         if not self.gate["ok"]:
@@ -95,6 +103,8 @@ def kernel_us_per_call(cell: _Cell, calls: int) -> dict[str, object]:
     span of the chain per call."""
     mx.eval(cell.calls(calls))  # warm-up, untraced
     launched = kernel_events(trace_events(lambda: mx.eval(cell.calls(calls))))
+    if not launched:
+        raise RuntimeError("the profiler recorded no GPU kernel (is CUPTI available?)")
     by_name: dict[str, float] = collections.defaultdict(float)
     for event in launched:
         by_name[event["name"]] += event["dur"] / calls
@@ -107,6 +117,13 @@ def kernel_us_per_call(cell: _Cell, calls: int) -> dict[str, object]:
     }
 
 
+def _median_by_kernel(samples: list[dict]) -> dict[str, float]:
+    """Each kernel's median us per call over the samples (0 where a sample lacks it)."""
+    names = {name for s in samples for name in s["by_kernel"]}
+    medians = {n: statistics.median(s["by_kernel"].get(n, 0.0) for s in samples) for n in names}
+    return dict(sorted(medians.items(), key=lambda kv: -kv[1]))
+
+
 def time_shape(
     batch: int,
     context: int,
@@ -116,13 +133,13 @@ def time_shape(
     calls: int,
     rounds: int,
 ) -> list[dict[str, object]]:
-    """Every (path, page size) cell of one decode shape."""
+    """Every cell of one decode shape: paged at each page size, sdpa once (its dense K/V do not
+    depend on the page size; gathered from the smallest)."""
     backend, reference = get_backend("native"), get_backend("reference")
     shapes = {ps: Shape(batch=batch, context=context, page_size=ps) for ps in page_sizes}
-    cells = {
-        (path, ps): _Cell(path, shapes[ps], backend, reference)
-        for path, ps in itertools.product(paths, page_sizes)
-    }
+    keys = [("paged", ps) for ps in page_sizes] if "paged" in paths else []
+    keys += [("sdpa", min(page_sizes))] if "sdpa" in paths else []
+    cells = {(path, ps): _Cell(path, shapes[ps], backend, reference) for path, ps in keys}
     samples: dict[tuple[str, int], list[dict]] = {key: [] for key in cells}
     order = list(cells)
     for round_ in range(rounds):
@@ -144,8 +161,8 @@ def time_shape(
                 "samples_kernel_us": us,
                 "median_span_us": statistics.median(span),
                 "samples_span_us": span,
-                "kernels_per_call": samples[path, ps][0]["kernels"],
-                "by_kernel_us": samples[path, ps][0]["by_kernel"],
+                "kernels_per_call": statistics.median(s["kernels"] for s in samples[path, ps]),
+                "by_kernel_us": _median_by_kernel(samples[path, ps]),
             }
         )
     return results

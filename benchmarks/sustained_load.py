@@ -7,14 +7,17 @@ runs each path (direct paged attention; MLX SDPA on the gathered K/V) on one sha
 is waited for), while `nvidia-smi` samples the SM clock, the power draw and the active
 clock-event reasons. Per path it reports us per call, the median clock and power over the
 samples after the load's first `--settle-s`, energy per call, and every clock-event reason seen
-(bitmask, as nvidia-smi prints it). Paths alternate over `--rounds` rounds.
+(bitmask, as nvidia-smi prints it). Paths alternate over `--rounds` rounds. Every call reads
+the same inputs: right for prefill (its K/V are read from L2 either way), but decode shapes
+would run from L2 here.
 
-    python benchmarks/sustained_load.py --shape 1x4096x4096x16 --json-output sustained.json
+    python benchmarks/sustained_load.py --shape 1x4096x16x4096 --json-output sustained.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import subprocess
@@ -29,10 +32,11 @@ from pagekernels import get_backend
 from qwen3model.provenance import collect_provenance
 
 PATHS = ("paged", "sdpa")
-QUERY = ("clocks.sm", "power.draw", "temperature.gpu")
+QUERY = ("timestamp", "clocks.sm", "power.draw", "temperature.gpu")
 REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new, old name
 PERIOD_MS = 50  # nvidia-smi's sampling period
-IDLE_S = 0.2  # sampled before the load starts (dropped with the settling samples)
+IDLE_S = 0.2  # between starting nvidia-smi and the load
+TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's timestamp field
 
 
 def _reasons_field() -> str:
@@ -67,6 +71,7 @@ def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field
     mx.eval([call(inputs) for _ in range(calls)])  # warm-up
     sampler = _sample_gpu(field, period_ms=PERIOD_MS)
     time.sleep(IDLE_S)  # nvidia-smi's first sample
+    settled = datetime.datetime.now() + datetime.timedelta(seconds=settle_s)
     start = time.perf_counter()
     done = 0
     pending = [call(inputs) for _ in range(calls)]
@@ -80,13 +85,18 @@ def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field
     mx.eval(pending)
     done += calls
     wall = time.perf_counter() - start
+    ended = datetime.datetime.now()
     sampler.terminate()
     lines = sampler.communicate()[0].strip().splitlines()
     rows = [[cell.strip() for cell in line.split(",")] for line in lines]
-    settle = round((IDLE_S + settle_s) / (PERIOD_MS / 1000))  # samples before the load settled
-    steady = rows[settle:] or rows
-    clocks = [float(r[0]) for r in steady]
-    power = [float(r[1]) for r in steady]
+    steady = [r for r in rows if settled <= datetime.datetime.strptime(r[0], TIMESTAMP) <= ended]
+    if not steady:
+        raise SystemExit(
+            f"no nvidia-smi sample between {settle_s} s into the load and its end "
+            f"({len(rows)} in all): run longer than --settle-s"
+        )
+    clocks = [float(r[1]) for r in steady]
+    power = [float(r[2]) for r in steady]
     us_per_call = wall / done * 1e6
     return {
         "calls": done,
@@ -96,15 +106,18 @@ def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field
         "sm_clock_mhz_range": [min(clocks), max(clocks)],
         "power_w_median": statistics.median(power),
         "energy_mj_per_call": statistics.median(power) * us_per_call * 1e-3,
-        "temperature_c_max": max(float(r[2]) for r in steady),
-        "clock_event_reasons": sorted({r[3] for r in steady}),
+        "temperature_c_max": max(float(r[3]) for r in steady),
+        "clock_event_reasons": sorted({r[4] for r in steady}),
+        "steady_samples": len(steady),
         "samples": rows,
     }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="1x4096x4096x16", help="BxCONTEXTxQUERY_LENxPAGE_SIZE")
+    parser.add_argument(
+        "--shape", default="1x4096x16x4096", help="BxCONTEXTxPAGE_SIZExQUERY_LEN, as ncu_cases.py"
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="per path and round")
     parser.add_argument("--settle-s", type=float, default=0.5, help="samples dropped per run")
     parser.add_argument("--calls", type=int, default=16, help="calls per submitted batch")
@@ -114,7 +127,7 @@ def main(argv: list[str]) -> int:
     if not mx.cuda.is_available():
         raise SystemExit("needs MLX's CUDA backend and nvidia-smi")
     mx.set_default_device(mx.gpu)
-    batch, context, query_len, page_size = (int(x) for x in args.shape.split("x"))
+    batch, context, page_size, query_len = (int(x) for x in args.shape.split("x"))
     shape = Shape(batch=batch, context=context, page_size=page_size, query_len=query_len)
     backend, reference = get_backend("native"), get_backend("reference")
     paged_inputs = make_paged_inputs(shape, seed=1)

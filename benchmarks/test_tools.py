@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -405,30 +406,28 @@ def test_ncu_listing_reader_rejects_other_csv(tmp_path: Path) -> None:
 def test_kernel_time_sums_the_kernels_of_each_call(monkeypatch, on_cpu) -> None:
     traced = []
 
-    def fake_trace(run):  # CUPTI stand-in: 4 calls of three kernels (2 + 1 + 1 us), a host op
+    def fake_trace(run):  # CUPTI stand-in: 4 calls of three kernels, slower in round 2 of 3
         run()
         traced.append(None)
-        kernels = [("attention", 2.0), ("merge", 1.0), ("attention", 1.0)] * 4
+        slow = 3.0 if 3 < len(traced) <= 6 else 1.0
+        kernels = [("attention", 2.0 * slow), ("merge", 1.0), ("attention", 1.0)] * 4
         events = [
-            {"cat": "kernel", "name": n, "ts": i, "dur": d} for i, (n, d) in enumerate(kernels)
+            {"cat": "kernel", "name": n, "ts": 4 * i, "dur": d} for i, (n, d) in enumerate(kernels)
         ]
         return events + [{"cat": "cpu_op", "name": "eval", "ts": 0, "dur": 99.0}]
 
     monkeypatch.setattr(kernel_time, "trace_events", fake_trace)
     results = kernel_time.time_shape(1, 128, [16, 128], calls=4, rounds=3)
     assert [(r["path"], r["shape"]["page_size"]) for r in results] == [
-        ("paged", 16),
-        ("paged", 128),
-        ("sdpa", 16),
-        ("sdpa", 128),
-    ]
-    assert len(traced) == 3 * 4  # every (path, page size) in every round
+        ("paged", 16), ("paged", 128), ("sdpa", 16)
+    ]  # fmt: skip
+    assert len(traced) == 3 * 3  # every cell in every round
     for r in results:
         assert r["gate"]["ok"] and r["copies"] > 1
-        assert r["samples_kernel_us"] == [4.0] * 3 and r["median_kernel_us"] == 4.0
-        assert r["median_span_us"] == 12.0 / 4  # kernel 11 ends at 12 us
-        assert r["kernels_per_call"] == 3.0
-        assert r["by_kernel_us"] == {"attention": 3.0, "merge": 1.0}
+        assert sorted(r["samples_kernel_us"]) == [4.0, 4.0, 8.0]  # one slow trace per cell
+        assert r["median_kernel_us"] == 4.0 and r["kernels_per_call"] == 3.0
+        assert r["by_kernel_us"] == {"attention": 3.0, "merge": 1.0}  # medians, not a sample
+        assert r["median_span_us"] == (4 * 11 + 1.0) / 4  # the last kernel ends at 45 us
 
 
 @pytest.mark.parametrize("path", kernel_time.PATHS)
@@ -436,6 +435,7 @@ def test_kernel_time_chains_calls_through_every_copy(path: str, on_cpu) -> None:
     shape = Shape(batch=1, context=128, page_size=128)
     cell = kernel_time._Cell(path, shape, get_backend("native"), get_backend("reference"))
     copies = len(cell.inputs)
+    assert copies >= 4
     seen = []  # (K/V copy, queries) of every call
 
     def call(x):
@@ -456,23 +456,32 @@ def test_kernel_time_chains_calls_through_every_copy(path: str, on_cpu) -> None:
 def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
     tmp_path: Path, monkeypatch, on_cpu
 ) -> None:
-    fake = tmp_path / "nvidia-smi"  # 4 idle samples at 1980 MHz, then 1700 MHz at 600 W
+    fake = tmp_path / "nvidia-smi"  # 1980 MHz while idle (0.15 s), then 1700 MHz at 600 W
     fake.write_text(
-        "#!/bin/sh\n"
-        'case "$*" in *-lms*) i=0; while true; do i=$((i + 1)); if [ $i -le 4 ]\n'
-        "  then echo '1980, 300.0, 40, 0x0'; else echo '1700, 600.0, 61, 0x4'; fi\n"
-        "  sleep 0.05; done;; *) echo 0x0;; esac\n"
+        f"#!{sys.executable}\n"
+        "import datetime, sys, time\n"
+        "if not any(a.startswith('-lms') for a in sys.argv):\n"
+        "    print('0x0'); sys.exit(0)\n"
+        "start = time.monotonic()\n"
+        "while True:\n"
+        "    busy = time.monotonic() - start > 0.15\n"
+        "    now = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+        "    row = '1700, 600.0, 61, 0x4' if busy else '1980, 300.0, 40, 0x0'\n"
+        "    print(f'{now}, {row}', flush=True)\n"
+        "    time.sleep(0.05)\n"
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     shape = Shape(batch=1, context=40, page_size=16, query_len=8, heads_q=4, heads_kv=2)
     call = attention_call("paged", get_backend("native"), shape)
+    inputs = make_paged_inputs(shape, seed=0)
     field = sustained_load._reasons_field()
-    run = sustained_load.run_path(
-        call, make_paged_inputs(shape, seed=0), calls=4, seconds=0.6, settle_s=0.1, field=field
-    )
+    run = sustained_load.run_path(call, inputs, calls=4, seconds=0.8, settle_s=0.1, field=field)
     assert run["calls"] % 4 == 0 and run["calls"] >= 8
     assert run["us_per_call"] == pytest.approx(run["seconds"] / run["calls"] * 1e6)
     assert run["sm_clock_mhz_range"] == [1700.0, 1700.0] and run["power_w_median"] == 600.0
-    assert run["energy_mj_per_call"] == pytest.approx(600.0 * run["us_per_call"] * 1e-3)
     assert run["clock_event_reasons"] == ["0x4"] and run["temperature_c_max"] == 61.0
+    # one sample per 50 ms: the 0.7 s after settling keep most of theirs
+    assert run["steady_samples"] >= 8
+    with pytest.raises(SystemExit, match="run longer than --settle-s"):
+        sustained_load.run_path(call, inputs, calls=4, seconds=0.2, settle_s=5.0, field=field)

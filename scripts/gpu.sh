@@ -92,54 +92,51 @@ if has_stage decode; then
   done
 fi
 
-# ncu_extract NAME: the SASS listing with samples and every section's details of report NAME,
-# then the report itself is removed (tens of MB; the two extracts carry what is read).
-ncu_extract() {
-  ncu -i "$1.ncu-rep" --page source --csv --print-source sass | gzip >"$1-sass.csv.gz"
-  ncu -i "$1.ncu-rep" --print-details all | gzip >"$1-details.txt.gz"
-  zcat "$1-details.txt.gz" | grep -E "^  [a-zA-Z_].*(attention|sdpa|fmha|flash)|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|SM Frequency" | head -n 10
-  rm -f "$1.ncu-rep"
-}
-
-if has_stage prefill-profile; then
-  section "ncu: the 128-row prefill kernel, B = 1 causal, page 16 (one launch per case)"
-  # NCU_CACHE_CONTROL=none keeps the caches between ncu's replays (default all: flushed);
-  # PREFILL_NCU_SKIP (default 1) skips that many launches: the first one migrates the case's
-  # metadata into GPU memory, as the first kernel of every serving step does.
-  cache=${NCU_CACHE_CONTROL:-all}
-  skip=${PREFILL_NCU_SKIP:-1}
-  tag=""
+# ncu_case PREFIX KERNEL_REGEX CASE [--sdpa]: Nsight Compute's full set on one launch of
+# ncu_cases.py's CASE (BxCONTEXTxPAGE_SIZExQUERY_LEN), then its SASS listing with samples and
+# every section's details (the report itself, tens of MB, is removed). NCU_CACHE_CONTROL=none
+# keeps the caches between ncu's replays (default all: flushed); PREFILL_NCU_SKIP (default 1)
+# skips that many matching launches: the first one migrates the case's metadata into GPU memory,
+# as the first kernel of every serving step does.
+ncu_case() {
+  local cache=${NCU_CACHE_CONTROL:-all} skip=${PREFILL_NCU_SKIP:-1} tag=""
   [ "$cache" = all ] || tag+="-cache-$cache"
   [ "$skip" = 1 ] || tag+="-skip$skip"
-  for case in ${PREFILL_NCU_CASES:-1x4096x16x4096 1x1024x16x1024}; do
-    name="$OUT/prefill-$case$tag"
-    timeout 240 ncu --clock-control none --cache-control "$cache" -s "$skip" --set full \
-      --import-source yes -k regex:"${PREFILL_NCU_KERNEL:-attention_wgmma}" -c 1 -o "$name" \
-      python3 benchmarks/ncu_cases.py "$case" >"$name.ncu.log" 2>&1
-    rc=$?
-    echo "ncu $case$tag rc=$rc"
-    [ "$rc" = 0 ] || continue  # the log says why; no empty extracts
-    ncu_extract "$name"
+  local name="$OUT/$1-$3$tag"
+  timeout 240 ncu --clock-control none --cache-control "$cache" -s "$skip" --set full \
+    --import-source yes -k regex:"$2" -c 1 -o "$name" \
+    python3 benchmarks/ncu_cases.py ${4:-} "$3" >"$name.ncu.log" 2>&1
+  local rc=$?
+  echo "ncu $1 $3$tag rc=$rc"
+  [ "$rc" = 0 ] || return  # the log says why; no empty extracts
+  ncu -i "$name.ncu-rep" --page source --csv --print-source sass | gzip >"$name-sass.csv.gz"
+  ncu -i "$name.ncu-rep" --print-details all | gzip >"$name-details.txt.gz"
+  # The first line of each: the kernel, then a few headline figures.
+  for pattern in "^  [a-zA-Z_].*(attention|sdpa|fmha|flash)" "SM Frequency" "Duration" \
+      "Compute \(SM\) Throughput" "L2 Cache Throughput" "Issue Slots Busy"; do
+    zcat "$name-details.txt.gz" | grep -m 1 -E "$pattern"
+  done
+  rm -f "$name.ncu-rep"
+}
+prefill_cases=${PREFILL_NCU_CASES:-1x4096x16x4096 1x1024x16x1024}
+
+if has_stage prefill-profile; then
+  section "ncu: the 128-row prefill kernel, B = 1 causal (one launch per case)"
+  for case in $prefill_cases; do
+    ncu_case prefill "${PREFILL_NCU_KERNEL:-attention_wgmma}" "$case"
   done
 fi
 
 if has_stage sdpa-profile; then
-  section "ncu: MLX SDPA on dense K/V of the prefill cases (its second launch), the same sections"
-  for case in ${PREFILL_NCU_CASES:-1x4096x16x4096}; do
-    name="$OUT/sdpa-$case"
-    timeout 240 ncu --clock-control none --cache-control all -s 1 --set full \
-      -k regex:"${SDPA_NCU_KERNEL:-sdpa|fmha|flash}" -c 1 -o "$name" \
-      python3 benchmarks/ncu_cases.py --sdpa "$case" >"$name.ncu.log" 2>&1
-    rc=$?
-    echo "ncu sdpa $case rc=$rc"
-    [ "$rc" = 0 ] || continue
-    ncu_extract "$name"
+  section "ncu: MLX SDPA on dense K/V of the prefill cases (one launch per case)"
+  for case in $prefill_cases; do
+    ncu_case sdpa "${SDPA_NCU_KERNEL:-sdpa|fmha|flash}" "$case" --sdpa
   done
 fi
 
 if has_stage sustained; then
   section "sustained load: SM clock and power while each path runs back to back"
-  for shape in ${SUSTAINED_SHAPES:-1x4096x4096x16}; do
+  for shape in ${SUSTAINED_SHAPES:-1x4096x16x4096}; do  # BxCONTEXTxPAGE_SIZExQUERY_LEN
     timeout 180 python3 benchmarks/sustained_load.py --shape "$shape" \
       --json-output "$OUT/sustained-$shape.json" 2>&1 | tee -a "$OUT/sustained.log"
   done

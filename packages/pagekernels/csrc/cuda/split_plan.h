@@ -13,9 +13,8 @@
 
 namespace pagekernels::cuda {
 
-// Prefill: a chunk shorter than this costs more in partials and merge than it gains in
-// parallelism (256 keys: 128 KB of bf16 K+V per kv head at D = 128, as FlashInfer's
-// single-request decode).
+// Prefill's shortest chunk: its partials cost rows * splits * D * 8 bytes of traffic, so a split
+// must bring enough keys (256: 128 KB of bf16 K+V per kv head at D = 128; not tuned).
 constexpr int kMinChunkKeys = 256;
 
 constexpr int kMaxSplits = 65535;  // gridDim.y
@@ -23,9 +22,10 @@ constexpr int kMaxSplits = 65535;  // gridDim.y
 // Decode splits until the grid fills one wave of resident CTAs, in chunks of at least 128 keys
 // and at most 32 chunks per row. Tuned on the H200 by the latency of one call among dependent
 // ones (benchmarks/kernel_time.py, forced chunks 1-32, bf16, Hkv 8, D 128, pages of 16 and 128;
-// results/h200/session16/split-sweep): the planner's choice is the best count or within 7 % of
-// it at B = 1 x 1024 (8 chunks, 8.4 us), 1 x 8192 (32: 19.0 us; 16: 17.7), 1 x 32768 (32: 42.5),
-// 8 x 1024 (4: 15.9; 2 the same), 8 x 8192 (4: 70.2), 32 x 1024 and 32 x 8192 (1: 36.5, 245.8).
+// results/h200/session16/split-sweep-4574aae): the planner's choice is the best count or within
+// 8 % of it at B = 1 x 1024 (8 chunks, 8.4 us), 1 x 8192 (32: 19.0 us; 16: 17.7),
+// 1 x 32768 (32: 42.5), 8 x 1024 (4: 15.9; 2 the same), 8 x 8192 (4: 70.2), 32 x 1024 and
+// 32 x 8192 (1: 36.5, 245.8). Identical plans differ by 1-7 % between processes.
 // (An earlier tuning, on independent calls that the GPU ran side by side, left B = 8 x 8192
 // unsplit: 64 CTAs, 172 us per call alone.)
 constexpr int kMinDecodeChunkKeys = 128;
