@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A/B of pagekernels variants on one GPU machine, in one device call (after the MLX staging of
+# scripts/gpu.sh's header). Stage the variants first on the development machine:
+#   scripts/variants.sh main wip/softmax-turn-serial     # writes ab/<name>/pagekernels
+# then, on the device (carry [".gpu-b", ".whl"]):
+#   bash .gpu-b/install.sh >/dev/null 2>&1; python3 -c "import mlx.core" || exit 3
+#   AB_TESTS="prefill128 or growing" bash scripts/gpu-ab.sh
+#
+# Builds one wheel per variant (in parallel), runs the GPU tests selected by AB_TESTS (a pytest
+# -k expression; none when empty) on each, then AB_ROUNDS rounds of AB_BENCH per variant, the
+# variants in forward order in even rounds and backward in odd ones, so that every variant runs
+# early and late. AB_BENCH is a shell command run with $VARIANT, $ROUND and $OUT set; its default
+# is the prefill benchmark (1024 and 4096 tokens, pages of 16 and 128, paged and MLX SDPA). Logs
+# and JSON go to $OUT (packed into one archive when there are more than 8 files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+[ -f ab/variants.txt ] || { echo "no ab/variants.txt: run scripts/variants.sh first" >&2; exit 2; }
+mapfile -t variants <ab/variants.txt
+default_bench='timeout 150 python3 benchmarks/attention.py --device gpu --paths paged sdpa \
+  --batches 1 --contexts 128 --page-sizes 16 128 --prefill 1024 4096 --repeats 3 \
+  --process-timeout-s 60 --json-output "$OUT/prefill-$VARIANT-$ROUND.json" \
+  >"$OUT/prefill-$VARIANT-$ROUND.log" 2>&1; grep "prefill B" "$OUT/prefill-$VARIANT-$ROUND.log"'
+bench=${AB_BENCH:-$default_bench}
+rounds=${AB_ROUNDS:-2}
+start=$(date +%s)
+
+python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+  packages/pagepool packages/pageruntime packages/qwen3model || exit 1
+
+wheel() {  # the image's default CXX breaks the extension: see scripts/gpu.sh
+  rm -rf "ab/whl/$1" && mkdir -p "ab/whl/$1" &&
+    CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ PAGEKERNELS_CUDA=1 python3 -m pip wheel -q \
+      --no-index --no-deps --no-build-isolation -w "ab/whl/$1" "ab/$1/pagekernels" \
+      >"$OUT/build-$1.log" 2>&1 || { echo "build $1 failed"; tail -n 20 "$OUT/build-$1.log"; }
+}
+use() {
+  python3 -m pip install -q --no-index --no-deps --force-reinstall "ab/whl/$1"/*.whl \
+    >/dev/null 2>&1 || { echo "install $1 failed"; return 1; }
+}
+for v in "${variants[@]}"; do wheel "$v" & done
+wait
+echo "wheels in $(($(date +%s) - start)) s: ${variants[*]}"
+
+if [ -n "${AB_TESTS:-}" ]; then
+  for v in "${variants[@]}"; do
+    use "$v" || continue
+    echo "== tests $v ($(cat "ab/$v/commit"))"
+    timeout "${AB_TEST_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+      packages/pagekernels/tests/test_gpu_paged_attention.py -k "$AB_TESTS" 2>&1 |
+      tail -n 3 | tee "$OUT/tests-$v.log"
+  done
+fi
+
+for ((round = 0; round < rounds; round++)); do
+  order=("${variants[@]}")
+  if ((round % 2)); then
+    order=()
+    for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[i]}"); done
+  fi
+  for v in "${order[@]}"; do
+    use "$v" || continue
+    echo "== $v round $round ($(cat "ab/$v/commit"))"
+    VARIANT=$v ROUND=$round OUT=$OUT bash -c "$bench"
+  done
+done
+echo "done in $(($(date +%s) - start)) s"
+for v in "${variants[@]}"; do echo "$v $(cat "ab/$v/commit")"; done >"$OUT/variants.txt"
+files=("$OUT"/*)
+if [ "${#files[@]}" -gt 8 ]; then
+  (cd "$OUT" && tar czf ab-results.tgz --remove-files -- *) && echo "packed into $OUT/ab-results.tgz"
+fi
