@@ -143,7 +143,7 @@ if has_stage sustained; then
 fi
 
 if has_stage kernel-time; then
-  section "decode, small shapes: GPU time per call from the kernels' durations (CUPTI)"
+  section "decode, small shapes: GPU latency per call, chained calls (CUPTI kernel durations)"
   timeout 300 python3 benchmarks/kernel_time.py --rounds "${KERNEL_TIME_ROUNDS:-5}" \
     --json-output "$OUT/kernel_time.json" 2>&1 | tee "$OUT/kernel_time.log" | grep "decode B"
 fi
