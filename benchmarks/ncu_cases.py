@@ -57,9 +57,9 @@ def run_sdpa_case(batch: int, context: int, page_size: int, query_len: int = 1) 
 
 
 def main(argv: list[str]) -> int:
-    run = run_sdpa_case if argv[:1] == ["--sdpa"] else run_case
-    cases = argv[1:] if run is run_sdpa_case else argv
-    for case in cases or ["1x8192x16", "8x1024x16", "1x128x128"]:
+    sdpa = argv[:1] == ["--sdpa"]
+    run = run_sdpa_case if sdpa else run_case
+    for case in argv[sdpa:] or ["1x8192x16", "8x1024x16", "1x128x128"]:
         run(*(int(part) for part in case.split("x")))
     return 0
 

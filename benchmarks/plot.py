@@ -129,6 +129,7 @@ def _kernel_time(document: dict, out: Path, stem: str) -> list[Path]:
     fig, axes = _panels(len(batches), ncols=3)
     for ax, batch in zip(axes, batches, strict=True):
         rows = [r for r in document["results"] if r["shape"]["batch"] == batch]
+        smallest_page = min(r["shape"]["page_size"] for r in rows)  # solid; larger ones dashed
         for path, page_size in sorted({(r["path"], r["shape"]["page_size"]) for r in rows}):
             points = sorted(
                 (r["shape"]["context"], r["median_kernel_us"])
@@ -136,7 +137,7 @@ def _kernel_time(document: dict, out: Path, stem: str) -> list[Path]:
                 if r["path"] == path and r["shape"]["page_size"] == page_size
             )
             style = dict(PATH_STYLE[path], label=f"{PATH_STYLE[path]['label']}, page {page_size}")
-            if page_size != min(r["shape"]["page_size"] for r in rows):
+            if page_size != smallest_page:
                 style.update(linestyle="--", markerfacecolor="none")
             ax.plot([x for x, _ in points], [y for _, y in points], **style)
         contexts = sorted({r["shape"]["context"] for r in rows})

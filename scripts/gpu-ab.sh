@@ -26,9 +26,7 @@ bench=${AB_BENCH:-$default_bench}
 rounds=${AB_ROUNDS:-2}
 start=$(date +%s)
 
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-  packages/pagepool packages/pageruntime packages/qwen3model || exit 1
+OUT=$OUT bash scripts/gpu.sh install || exit 1
 
 wheel() {  # the image's default CXX breaks the extension: see scripts/gpu.sh
   rm -rf "ab/whl/$1" && mkdir -p "ab/whl/$1" &&

@@ -9,7 +9,8 @@
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
-# Stages (default: build test bench serve mlxlm): build test bench decode prefill prefill-profile
+# Stages (default: build test bench serve mlxlm): install (the pure-Python packages and the
+# carried wheels; build does it too) build test bench decode prefill prefill-profile
 # sdpa-profile sustained kernel-time serve mlxlm admission profile. Test selection: TEST_PATHS
 # (pytest paths or node ids) and TEST_K (a pytest -k expression). .whl/ holds wheels the machine
 # lacks (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
@@ -33,13 +34,16 @@ EOF
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/env.txt"
 echo "commit $COMMIT" | tee -a "$OUT/env.txt"
 
-if has_stage build; then
+if has_stage build || has_stage install; then
   section "install packages"
   python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl || exit 1
   # Non-editable installs: the image lacks the `editables` wheel that editable hatchling
   # builds need.
   python3 -m pip install -q --no-index --no-deps --no-build-isolation \
     packages/pagepool packages/pageruntime packages/qwen3model || exit 1
+fi
+
+if has_stage build; then
   section "build pagekernels (CUDA)"
   start=$(date +%s)
   # The image's default CXX (/opt/gcc) yields an extension that segfaults in libstdc++ at the
