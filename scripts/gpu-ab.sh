@@ -7,7 +7,8 @@
 #   AB_TESTS="prefill128 or growing" bash scripts/gpu-ab.sh
 #
 # Builds one wheel per variant (in parallel), runs the GPU tests selected by AB_TESTS (a pytest
-# -k expression; none when empty) on each, then AB_ROUNDS rounds of AB_BENCH per variant, the
+# -k expression; none when empty) in AB_TEST_PATHS (default: the GPU paged-attention file) on
+# each variant named in AB_TEST_VARIANTS (default: all), then AB_ROUNDS rounds of AB_BENCH per variant, the
 # variants in forward order in even rounds and backward in odd ones, so that every variant runs
 # early and late. AB_BENCH is a shell command run with $VARIANT, $ROUND and $OUT set; its default
 # is the prefill benchmark (1024 and 4096 tokens, pages of 16 and 128, paged and MLX SDPA). Logs
@@ -43,11 +44,11 @@ wait
 echo "wheels in $(($(date +%s) - start)) s: ${variants[*]}"
 
 if [ -n "${AB_TESTS:-}" ]; then
-  for v in "${variants[@]}"; do
+  for v in ${AB_TEST_VARIANTS:-${variants[*]}}; do
     use "$v" || continue
     echo "== tests $v ($(cat "ab/$v/commit"))"
     timeout "${AB_TEST_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider \
-      packages/pagekernels/tests/test_gpu_paged_attention.py -k "$AB_TESTS" 2>&1 |
+      ${AB_TEST_PATHS:-packages/pagekernels/tests/test_gpu_paged_attention.py} -k "$AB_TESTS" 2>&1 |
       tail -n 3 | tee "$OUT/tests-$v.log"
   done
 fi
