@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # A/B of pagekernels variants on one GPU machine, in one device call (after the MLX staging of
 # scripts/gpu.sh's header). Stage the variants first on the development machine:
-#   scripts/variants.sh main wip/softmax-turn-serial     # writes ab/<name>/pagekernels
-# then, on the device (carry [".gpu-b", ".whl"]):
+#   scripts/variants.sh main wip/softmax-turn-serial     # writes ab/<name>/overlay.tar
+# then, on the device (the staging call carrying [".gpu-a", ".whl"], this one [".gpu-b"]):
 #   bash .gpu-b/install.sh >/dev/null 2>&1; python3 -c "import mlx.core" || exit 3
 #   AB_TESTS="prefill128 or growing" bash scripts/gpu-ab.sh
 #
 # Builds one wheel per variant (in parallel), runs the GPU tests selected by AB_TESTS (a pytest
 # -k expression; none when empty) in AB_TEST_PATHS (default: the GPU paged-attention file) on
-# each variant named in AB_TEST_VARIANTS (default: all), then AB_ROUNDS rounds of AB_BENCH per variant, the
-# variants in forward order in even rounds and backward in odd ones, so that every variant runs
-# early and late. AB_BENCH is a shell command run with $VARIANT, $ROUND and $OUT set; its default
+# each variant named in AB_TEST_VARIANTS (default: all), then AB_ROUNDS rounds of AB_BENCH per
+# variant, the variants in forward order in even rounds and backward in odd ones, so that every
+# variant runs early and late. AB_BENCH is a shell command run with $VARIANT, $ROUND and $OUT set; its default
 # is the prefill benchmark (1024 and 4096 tokens, pages of 16 and 128, paged and MLX SDPA). Logs
 # and JSON go to $OUT (packed into one archive when there are more than 8 files).
 set -uo pipefail
@@ -29,7 +29,15 @@ start=$(date +%s)
 
 OUT=$OUT bash scripts/gpu.sh install || exit 1
 
+assemble() {  # the tree's pagekernels with the variant's overlay (scripts/variants.sh)
+  rm -rf "ab/$1/pagekernels" "ab/$1/src" && mkdir -p "ab/$1/src/packages" &&
+    cp -r packages/pagekernels "ab/$1/src/packages/" && rm -rf "ab/$1/src/packages/pagekernels/build" &&
+    if [ -f "ab/$1/overlay.tar" ]; then tar -x -f "ab/$1/overlay.tar" -C "ab/$1/src"; fi &&
+    while IFS= read -r f; do rm -f "ab/$1/src/$f"; done <"ab/$1/removed.txt" &&
+    mv "ab/$1/src/packages/pagekernels" "ab/$1/pagekernels" && rm -rf "ab/$1/src"
+}
 wheel() {  # the image's default CXX breaks the extension: see scripts/gpu.sh
+  assemble "$1" || { echo "assemble $1 failed"; return 1; }
   rm -rf "ab/whl/$1" && mkdir -p "ab/whl/$1" &&
     CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ PAGEKERNELS_CUDA=1 python3 -m pip wheel -q \
       --no-index --no-deps --no-build-isolation -w "ab/whl/$1" "ab/$1/pagekernels" \

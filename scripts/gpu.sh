@@ -3,8 +3,9 @@
 # pagekernels, run the test suite on the GPU, run the benchmarks, and leave logs + JSON in $OUT.
 #
 # On the lent H200 (see ../shared/device/README.md for staging MLX first):
-#   call 1: carry [".gpu-a"], command: bash .gpu-a/stash.sh
-#   call 2: carry [".gpu-b", ".whl"], command:
+#   call 1: carry [".gpu-a", ".whl"], command: bash .gpu-a/stash.sh
+#   call 2: carry [".gpu-b"] (.whl, ignored, stays on the machine from call 1: the two halves of
+#           MLX's wheel leave too little of a call's 64 MiB to carry it again), command:
 #           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device

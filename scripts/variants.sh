@@ -3,25 +3,31 @@
 #
 #   scripts/variants.sh main wip/softmax-turn-serial b3c32ee
 #
-# For each git ref, writes that commit's packages/pagekernels to ab/<name>/pagekernels (name: the
-# ref with '/' turned into '-') and lists the names in ab/variants.txt, in the order given. ab/ is
-# untracked but not ignored, so the device's copy of the tree carries it; the device has no git
-# history to check refs out from. Delete ab/ before committing. Only pagekernels varies: the
-# other packages come from the working tree.
+# For each git ref, writes under ab/<name>/ (name: the ref with '/' turned into '-') what turns
+# the working tree's packages/pagekernels into that commit's: overlay.tar (the files that differ,
+# as the commit has them) and removed.txt (the files it lacks), and lists the names in
+# ab/variants.txt, in the order given. gpu-ab.sh assembles each variant on the device from the
+# tree's copy: a device call carries at most 64 MiB, too little for whole copies beside MLX's
+# wheel. ab/ is untracked but not ignored, so the device's copy of the tree carries it; the device
+# has no git history to check refs out from. Delete ab/ before committing. Only pagekernels
+# varies: the other packages come from the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: scripts/variants.sh REF REF [REF ...] (two or more)" >&2; exit 2; }
-rm -rf ab/*/pagekernels ab/variants.txt
+rm -rf ab/*/pagekernels ab/*/overlay.tar ab/*/removed.txt ab/variants.txt
 mkdir -p ab
 for ref in "$@"; do
   name=${ref//\//-}
   sha=$(git rev-parse --short "$ref^{commit}")
   rm -rf "ab/$name"
   mkdir -p "ab/$name"
-  git archive "$sha" packages/pagekernels | tar -x -C "ab/$name" --strip-components=1
-  # The device call carries at most 64 MiB in all; a wheel needs no tests.
-  rm -rf "ab/$name/pagekernels/tests"
+  changed=()
+  : >"ab/$name/removed.txt"
+  while IFS= read -r f; do
+    if git cat-file -e "$sha:$f" 2>/dev/null; then changed+=("$f"); else echo "$f" >>"ab/$name/removed.txt"; fi
+  done < <(git diff --name-only --no-renames "$sha" -- packages/pagekernels)
+  [ ${#changed[@]} -eq 0 ] || git archive -o "ab/$name/overlay.tar" "$sha" -- "${changed[@]}"
   echo "$sha" >"ab/$name/commit"
   echo "$name" >>ab/variants.txt
-  echo "ab/$name: $ref ($sha)"
+  echo "ab/$name: $ref ($sha), ${#changed[@]} files differ, $(wc -l <"ab/$name/removed.txt") removed"
 done
