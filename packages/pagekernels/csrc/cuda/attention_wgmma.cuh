@@ -18,13 +18,12 @@
 //   q_full    completes when an item's Q tile has landed and its CtaRows are in shared memory
 //             (two slots, by item parity, so the consumers' epilogue can still read the last);
 //   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
-// No CTA-wide barrier runs inside the loops, so the two consumers drift apart; named barriers
-// keep them half a tile apart (FlashAttention-3's ping-pong): consumer g issues its MMAs only
-// after the other issued theirs, so one warpgroup's softmax runs under the other's MMAs. Inside
-// a consumer the loop follows FlashAttention-3's intra-warpgroup order (Q K^T reads Q from
-// shared memory, which leaves the registers to S, O and P): issue S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1}, wait for S_j, mask + softmax (under P V), wait, rescale O, pack P_j.
-// After a row's first tile the softmax rarely computes a max (softmax_scores_lazy_max).
+// No CTA-wide barrier runs inside the loops, so the two consumers drift apart. Each consumer
+// runs a tile in order (cuDNN's): issue S = Q K^T (Q read from shared memory, which leaves the
+// registers to S, O and P), wait, mask, softmax, rescale O, pack P, issue O += P V, wait. Named
+// barriers pass a turn between the two around the softmax (a ping-pong), so one warpgroup's
+// exponentials run while the other's MMAs do. After a row's first tile the softmax rarely
+// computes a max (softmax_scores_lazy_max).
 // Outputs go from the accumulators straight to global memory (the ring is busy with the next
 // item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
@@ -381,8 +380,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     float o[C::kOutBlocks][4] = {};
     float m[2] = {-INFINITY, -INFINITY};
     float d[2] = {};
-    uint32_t pf[C::kKeySteps][4];  // P of the previous tile, waiting for its P V
-    bool has_p = false;
+    uint32_t pf[C::kKeySteps][4];  // P of this tile, for its P V
     auto release_stage = [&](int seq) {
       if (lane == 0) mbarrier_arrive(&empty[seq % kStages]);
     };
@@ -420,7 +418,6 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
       // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
       // cannot prove an accumulator untouched between issue and wait on every path.
-      named_barrier_sync(my_turn, C::kConsumerThreads);
       if (compute) {
         // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
         // bytes into the 128-byte rows of column block ds / 4.
@@ -434,14 +431,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
                       ds > 0);
         }
         wgmma_commit();
-        if (has_p) {
-          issue_pv(seq - 1);
-          pass_turn(i);
-          wgmma_wait<1>();  // S only: the softmax runs under P V
-        } else {
-          pass_turn(i);
-          wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         fence_registers(s);
         release_q(i);
         const uint32_t* words = mask_words + (seq % kStages) * C::kMaskWords;
@@ -454,6 +444,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
           mask_scores(s, mapped, 0, t0, limit, lane);
         };
         if (masked) mask();
+        // The ping-pong orders the two warpgroups' softmaxes (cuDNN's order): each runs its
+        // exponentials with the MUFU pipes to itself, its MMAs issued whenever it is ready.
+        named_barrier_sync(my_turn, C::kConsumerThreads);
         float alpha[2];
         bool rescale = false;
         // Once every row of the warp has a max, the tile's max is rarely needed
@@ -477,36 +470,22 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
           // Skipped (warp-uniformly) when no row of the warp has a new max.
           rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
         }
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_registers(pf);  // the P V just waited for read pf: overwrite it only from here
-        if (has_p) release_stage(seq - 1);
+        pass_turn(i);
         if (rescale) rescale_rows(o, alpha);
 #pragma unroll
         for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
-        has_p = true;
-      } else {  // this warpgroup's rows end before tile i: apply its last P, if any
-        if (has_p) {
-          issue_pv(seq - 1);
-          pass_turn(i);
-          wgmma_wait<0>();
-          fence_registers(o);
-          release_stage(seq - 1);
-        } else {
-          pass_turn(i);
-        }
+        issue_pv(seq);  // cuDNN's order: this tile's P V right after its softmax, waited for
+        wgmma_wait<0>();
+        fence_registers(o);
+        release_stage(seq);
+      } else {  // this warpgroup's rows end before tile i
+        named_barrier_sync(my_turn, C::kConsumerThreads);
+        pass_turn(i);
         release_q(i);
         release_stage(seq);  // not read by this warpgroup
-        has_p = false;
       }
     }
     if (num_tiles == 0 && lane == 0) mbarrier_arrive(q_empty);
-    if (has_p) {
-      issue_pv(tiles_done + num_tiles - 1);
-      wgmma_wait<0>();
-      fence_registers(o);
-      release_stage(tiles_done + num_tiles - 1);
-    }
     tiles_done += num_tiles;
     store_fragment_rows<T>(p, cta, cta.row_begin + warp_row0, o, m, d, lane);
     ++items_done;
