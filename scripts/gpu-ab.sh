@@ -2,8 +2,8 @@
 # A/B of pagekernels variants on one GPU machine, in one device call (after the MLX staging of
 # scripts/gpu.sh's header). Stage the variants first on the development machine:
 #   scripts/variants.sh main wip/softmax-turn-serial     # writes ab/<name>/overlay.tar
-# then, on the device (the staging call carrying [".gpu-a", ".whl"], this one [".gpu-b"]):
-#   bash .gpu-b/install.sh >/dev/null 2>&1; python3 -c "import mlx.core" || exit 3
+# then, on the device (after the staging calls of scripts/gpu.sh's header; no carry needed):
+#   bash .gpu-3/install.sh >/dev/null 2>&1; python3 -c "import mlx.core" || exit 3
 #   AB_TESTS="prefill128 or growing" bash scripts/gpu-ab.sh
 #
 # Builds one wheel per variant (in parallel), runs the GPU tests selected by AB_TESTS (a pytest

@@ -2,11 +2,15 @@
 # The whole GPU job in one device call: install the Python packages, build the CUDA variant of
 # pagekernels, run the test suite on the GPU, run the benchmarks, and leave logs + JSON in $OUT.
 #
-# On the lent H200 (see ../shared/device/README.md for staging MLX first):
-#   call 1: carry [".gpu-a", ".whl"], command: bash .gpu-a/stash.sh
-#   call 2: carry [".gpu-b"] (.whl, ignored, stays on the machine from call 1: the two halves of
-#           MLX's wheel leave too little of a call's 64 MiB to carry it again), command:
-#           bash .gpu-b/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
+# On the lent H200, MLX's CUDA wheel travels in three parts (scripts/stage-gpu.sh, after
+# ../shared/device/stage-mlx-cuda.sh), in calls made back to back:
+#   call 1: carry [".gpu-1", ".whl"], command: bash .gpu-1/stash.sh
+#   call 2: carry [".gpu-2"], command: bash .gpu-2/stash.sh
+#   call 3: carry [".gpu-3"], command:
+#           bash .gpu-3/install.sh && COMMIT=<sha> bash scripts/gpu.sh [stage ...]
+#   (.whl, ignored, stays on the machine from call 1; later calls while it is warm carry nothing
+#   and start with `python3 -c "import mlx.core" || exit 3`. The shared recipe's two halves,
+#   .gpu-a and .gpu-b, fit beside a tree of at most ~20 MB only.)
 #   (`export COMMIT=<sha>` instead when other commands follow in the same call, so that their
 #   JSON records the commit too. Take <sha> from your checkout: `git rev-parse` on the device
 #   reported an older commit in session 7.)
