@@ -1,6 +1,6 @@
 """Tests of the benchmark tools themselves: floors, batch planning, the gate, aggregation, the
-attention CLI end to end on a tiny grid, the admission sweep, the plots, the ncu listing
-reader, the metadata placements, and the GPU-only tools' bookkeeping (kernel time, sustained
+attention CLI end to end on a tiny grid, the admission sweep, the plots, the A/B table, the ncu
+listing reader, the metadata placements, and the GPU-only tools' bookkeeping (kernel time, sustained
 load) with their GPU-side sources (CUPTI, nvidia-smi) replaced."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import ab_table
 import admission_sweep
 import attention
 import attention_worker
@@ -485,3 +486,37 @@ def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
     assert run["steady_samples"] >= 8
     with pytest.raises(SystemExit, match="run longer than --settle-s"):
         sustained_load.run_path(call, inputs, calls=4, seconds=0.2, settle_s=5.0, field=field)
+
+
+def _write_ab_result(folder: Path, variant: str, round_: int, paged: float, sdpa: float) -> None:
+    summary = [{"label": "prefill B=1 ctx=4096 ps=16 L=4096 bfloat16", "paged_us": paged,
+                "sdpa_us": sdpa}]  # fmt: skip
+    document = {"kind": "attention", "summary": summary}
+    (folder / f"prefill-{variant}-{round_}.json").write_text(json.dumps(document))
+
+
+def test_ab_table_pairs_each_variant_with_the_baseline_round_by_round(tmp_path: Path, capsys):
+    # gpu-ab.sh's variants.txt order makes `main` the baseline, though `fast` sorts first.
+    (tmp_path / "variants.txt").write_text("main 82acbc5\nfast 2c00e55\n")
+    rounds = [(100.0, 90.0, 80.0), (110.0, 99.0, 90.0)]  # main, fast, MLX SDPA
+    for round_, (main_us, fast_us, sdpa_us) in enumerate(rounds):
+        _write_ab_result(tmp_path, "main", round_, main_us, sdpa_us)
+        _write_ab_result(tmp_path, "fast", round_, fast_us, sdpa_us)
+    assert ab_table.main([str(tmp_path)]) == 0
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[1] for row in rows] == ["main", "fast"]
+    main_row, fast_row = rows
+    assert main_row[2:] == ["100.0 / 80.0", "110.0 / 90.0", "1.222-1.250", "-", "-"]
+    assert fast_row[2:] == ["90.0 / 80.0", "99.0 / 90.0", "1.100-1.125", "-10.0 to -10.0 %",
+                            "-10.0 %"]  # fmt: skip
+
+    assert ab_table.main([str(tmp_path), "--baseline", "fast"]) == 0
+    fast_first = capsys.readouterr().out
+    assert "| main | 100.0 / 80.0 | 110.0 / 90.0 | 1.222-1.250 | +11.1 to +11.1 % | +11.1 % |" in (
+        fast_first
+    )
+    assert ab_table.main([str(tmp_path), "--baseline", "slow"]) == 2
+    assert "no variant 'slow'" in capsys.readouterr().err
+    (tmp_path / "prefill-main-2.json").write_text(json.dumps({"kind": "kernel_time"}))
+    assert ab_table.main([str(tmp_path)]) == 2
+    assert "expected 'attention'" in capsys.readouterr().err

@@ -12,7 +12,8 @@
 # variant, the variants in forward order in even rounds and backward in odd ones, so that every
 # variant runs early and late. AB_BENCH is a shell command run with $VARIANT, $ROUND and $OUT set; its default
 # is the prefill benchmark (1024 and 4096 tokens, pages of 16 and 128, paged and MLX SDPA). Logs
-# and JSON go to $OUT (packed into one archive when there are more than 8 files).
+# and JSON go to $OUT (packed into one archive when there are more than 8 files);
+# benchmarks/ab_table.py prints the default benchmark's paired table from them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
