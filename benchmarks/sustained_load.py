@@ -7,9 +7,12 @@ runs each path (direct paged attention; MLX SDPA on the gathered K/V) on one sha
 is waited for), while `nvidia-smi` samples the SM clock, the power draw and the active
 clock-event reasons. Per path it reports us per call, the median clock and power over the
 samples after the load's first `--settle-s`, energy per call, and every clock-event reason seen
-(bitmask, as nvidia-smi prints it). Paths alternate over `--rounds` rounds. Every call reads
-the same inputs: right for prefill (its K/V are read from L2 either way), but decode shapes
-would run from L2 here.
+(bitmask, as nvidia-smi prints it). With `--trace`, one more batch, still under the load, is
+traced through CUPTI: each kernel's duration under the power cap (against its duration alone,
+as ncu or kernel_time.py report it), and how the batch's kernels sat on the GPU: the span from
+the first start to the last end, the time no kernel ran, and how many ran at once. Paths
+alternate over `--rounds` rounds. Every call reads the same inputs: right for prefill (its K/V
+are read from L2 either way), but decode shapes would run from L2 here.
 
     python benchmarks/sustained_load.py --shape 1x4096x16x4096 --json-output sustained.json
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from attention_workload import Shape, attention_call, check_gate, make_paged_inputs, sdpa_inputs
+from cupti_trace import kernel_events, trace_events
 
 from pagekernels import get_backend
 from qwen3model.provenance import collect_provenance
@@ -66,8 +70,62 @@ def _sample_gpu(field: str, period_ms: int) -> subprocess.Popen:
     )
 
 
-def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field: str) -> dict:
-    """`calls` lazy calls per batch, batches back to back for `seconds`, sampled by nvidia-smi."""
+def timeline(kernels: list[dict]) -> dict:
+    """How traced kernels (`ts`, `dur` in us, start order) sat on the GPU: durations per kernel
+    name, the span from the first start to the last end, the time covered by at least one
+    kernel (busy), and the most that ran at once."""
+    if not kernels:
+        raise SystemExit("the trace holds no kernel: is CUPTI seeing MLX's launches?")
+    by_name: dict[str, list[float]] = {}
+    for k in kernels:
+        by_name.setdefault(k["name"], []).append(k["dur"])
+    edges = sorted([(k["ts"], 1) for k in kernels] + [(k["ts"] + k["dur"], -1) for k in kernels])
+    running = most = 0
+    busy = 0.0
+    previous = edges[0][0]
+    for time_us, step in edges:  # ends sort before starts at the same time
+        if running > 0:
+            busy += time_us - previous
+        running += step
+        most = max(most, running)
+        previous = time_us
+    span = max(k["ts"] + k["dur"] for k in kernels) - kernels[0]["ts"]
+    return {
+        "kernels": {
+            name: {
+                "count": len(durations),
+                "median_us": statistics.median(durations),
+                "range_us": [min(durations), max(durations)],
+            }
+            for name, durations in by_name.items()
+        },
+        "span_us": span,
+        "busy_us": busy,
+        "idle_us": span - busy,
+        "max_concurrent": most,
+    }
+
+
+def trace_summary(traced: dict) -> str:
+    """One line per kernel name (count, median and range of durations), then the timeline."""
+    lines = [
+        f"  {k['count']:3d} x {k['median_us']:8.1f} us ({k['range_us'][0]:.1f}-"
+        f"{k['range_us'][1]:.1f})  {name[:90]}"
+        for name, k in traced["kernels"].items()
+    ]
+    lines.append(
+        f"  {traced['calls']} calls: span {traced['span_us']:.1f} us "
+        f"({traced['span_us'] / traced['calls']:.1f} per call), idle {traced['idle_us']:.1f} us, "
+        f"at most {traced['max_concurrent']} kernels at once"
+    )
+    return "\n".join(lines)
+
+
+def run_path(
+    call, inputs, *, calls: int, seconds: float, settle_s: float, field: str, trace: bool = False
+) -> dict:
+    """`calls` lazy calls per batch, batches back to back for `seconds`, sampled by nvidia-smi;
+    with `trace`, one more batch traced right after them (the GPU still loaded)."""
     mx.eval([call(inputs) for _ in range(calls)])  # warm-up
     sampler = _sample_gpu(field, period_ms=PERIOD_MS)
     time.sleep(IDLE_S)  # nvidia-smi's first sample
@@ -98,6 +156,12 @@ def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field
     clocks = [float(r[1]) for r in steady]
     power = [float(r[2]) for r in steady]
     us_per_call = wall / done * 1e6
+    traced = None
+    if trace:  # two batches in one graph, right after the load: the GPU is still hot
+        launched = kernel_events(
+            trace_events(lambda: mx.eval([call(inputs) for _ in range(2 * calls)]))
+        )
+        traced = {"calls": 2 * calls, **timeline(launched)}
     return {
         "calls": done,
         "seconds": wall,
@@ -110,6 +174,7 @@ def run_path(call, inputs, *, calls: int, seconds: float, settle_s: float, field
         "clock_event_reasons": sorted({r[4] for r in steady}),
         "steady_samples": len(steady),
         "samples": rows,
+        "trace": traced,
     }
 
 
@@ -122,6 +187,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--settle-s", type=float, default=0.5, help="samples dropped per run")
     parser.add_argument("--calls", type=int, default=16, help="calls per submitted batch")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--trace", action="store_true", help="trace a batch after each run (needs PyTorch)"
+    )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
     if not mx.cuda.is_available():
@@ -148,6 +216,7 @@ def main(argv: list[str]) -> int:
                 seconds=args.seconds,
                 settle_s=args.settle_s,
                 field=field,
+                trace=args.trace,
             )
             runs[path].append(run)
             print(
@@ -156,6 +225,8 @@ def main(argv: list[str]) -> int:
                 f"{run['energy_mj_per_call']:.3f} mJ/call, reasons {run['clock_event_reasons']}",
                 flush=True,
             )
+            if run["trace"] is not None:
+                print(trace_summary(run["trace"]), flush=True)
     if args.json_output:
         record = {
             "kind": "sustained_load",

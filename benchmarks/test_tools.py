@@ -487,6 +487,41 @@ def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
     with pytest.raises(SystemExit, match="run longer than --settle-s"):
         sustained_load.run_path(call, inputs, calls=4, seconds=0.2, settle_s=5.0, field=field)
 
+    traced_runs = []
+
+    def fake_trace(run):  # CUPTI stand-in: the traced batch's kernels, two at a time
+        run()
+        traced_runs.append(None)
+        kernels = [{"cat": "kernel", "name": "attention", "ts": 10.0 * (i // 2), "dur": 15.0}
+                   for i in range(8)]  # fmt: skip
+        return kernels + [{"cat": "cpu_op", "name": "eval", "ts": 0.0, "dur": 99.0}]
+
+    monkeypatch.setattr(sustained_load, "trace_events", fake_trace)
+    run = sustained_load.run_path(
+        call, inputs, calls=4, seconds=0.4, settle_s=0.1, field=field, trace=True
+    )
+    assert len(traced_runs) == 1 and run["trace"]["calls"] == 8
+    assert run["trace"]["kernels"] == {
+        "attention": {"count": 8, "median_us": 15.0, "range_us": [15.0, 15.0]}
+    }
+    assert run["trace"]["span_us"] == 45.0 and run["trace"]["idle_us"] == 0.0
+    assert "8 calls: span 45.0 us (5.6 per call)" in sustained_load.trace_summary(run["trace"])
+
+
+def test_sustained_load_timeline_counts_gaps_and_overlap() -> None:
+    kernels = [  # a and b overlap (10-12), then nothing runs 20-25, c alone
+        {"name": "a", "ts": 0.0, "dur": 12.0},
+        {"name": "b", "ts": 10.0, "dur": 10.0},
+        {"name": "c", "ts": 25.0, "dur": 5.0},
+        {"name": "a", "ts": 30.0, "dur": 2.0},  # starts as c ends: never two at once
+    ]
+    line = sustained_load.timeline(kernels)
+    assert line["span_us"] == 32.0 and line["busy_us"] == 27.0 and line["idle_us"] == 5.0
+    assert line["max_concurrent"] == 2
+    assert line["kernels"]["a"] == {"count": 2, "median_us": 7.0, "range_us": [2.0, 12.0]}
+    with pytest.raises(SystemExit, match="no kernel"):
+        sustained_load.timeline([])
+
 
 def _write_ab_result(folder: Path, variant: str, round_: int, paged: float, sdpa: float) -> None:
     summary = [{"label": "prefill B=1 ctx=4096 ps=16 L=4096 bfloat16", "paged_us": paged,

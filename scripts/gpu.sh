@@ -144,9 +144,9 @@ if has_stage sdpa-profile; then
 fi
 
 if has_stage sustained; then
-  section "sustained load: SM clock and power while each path runs back to back"
+  section "sustained load: SM clock and power while each path runs back to back, then a trace"
   for shape in ${SUSTAINED_SHAPES:-1x4096x16x4096}; do  # BxCONTEXTxPAGE_SIZExQUERY_LEN
-    timeout 180 python3 benchmarks/sustained_load.py --shape "$shape" \
+    timeout 180 python3 benchmarks/sustained_load.py --shape "$shape" --trace \
       --json-output "$OUT/sustained-$shape.json" 2>&1 | tee -a "$OUT/sustained.log"
   done
 fi
