@@ -7,10 +7,10 @@ runs each path (direct paged attention; MLX SDPA on the gathered K/V) on one sha
 is waited for), while `nvidia-smi` samples the SM clock, the power draw and the active
 clock-event reasons. Per path it reports us per call, the median clock and power over the
 samples after the load's first `--settle-s`, energy per call, and every clock-event reason seen
-(bitmask, as nvidia-smi prints it). With `--trace`, one more batch, still under the load, is
-traced through CUPTI: each kernel's duration under the power cap (against its duration alone,
-as ncu or kernel_time.py report it), and how the batch's kernels sat on the GPU: the span from
-the first start to the last end, the time no kernel ran, and how many ran at once. Paths
+(bitmask, as nvidia-smi prints it). With `--trace`, the load's last half second runs under
+CUPTI: each kernel's duration under the power cap (against its duration alone, as ncu or
+kernel_time.py report it), and how the kernels sat on the GPU: the span from the first start
+to the last end, the time no kernel ran, and how many ran at once. Paths
 alternate over `--rounds` rounds. Every call reads the same inputs: right for prefill (its K/V
 are read from L2 either way), but decode shapes would run from L2 here.
 
@@ -39,6 +39,7 @@ PATHS = ("paged", "sdpa")
 QUERY = ("timestamp", "clocks.sm", "power.draw", "temperature.gpu")
 REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # new, old name
 PERIOD_MS = 50  # nvidia-smi's sampling period
+TRACE_S = 0.5  # the load's traced end
 IDLE_S = 0.2  # between starting nvidia-smi and the load
 TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's timestamp field
 
@@ -71,11 +72,11 @@ def _sample_gpu(field: str, period_ms: int) -> subprocess.Popen:
 
 
 def timeline(kernels: list[dict]) -> dict:
-    """How traced kernels (`ts`, `dur` in us, start order) sat on the GPU: durations per kernel
-    name, the span from the first start to the last end, the time covered by at least one
-    kernel (busy), and the most that ran at once."""
+    """How traced kernels (`ts`, `dur` in us) sat on the GPU: durations per kernel name, the
+    span from the first start to the last end, the time covered by at least one kernel (busy),
+    and the most that ran at once (a kernel starting as another ends does not overlap it)."""
     if not kernels:
-        raise SystemExit("the trace holds no kernel: is CUPTI seeing MLX's launches?")
+        raise ValueError("the trace holds no kernel: is CUPTI seeing MLX's launches?")
     by_name: dict[str, list[float]] = {}
     for k in kernels:
         by_name.setdefault(k["name"], []).append(k["dur"])
@@ -89,7 +90,7 @@ def timeline(kernels: list[dict]) -> dict:
         running += step
         most = max(most, running)
         previous = time_us
-    span = max(k["ts"] + k["dur"] for k in kernels) - kernels[0]["ts"]
+    span = max(k["ts"] + k["dur"] for k in kernels) - min(k["ts"] for k in kernels)
     return {
         "kernels": {
             name: {
@@ -108,6 +109,8 @@ def timeline(kernels: list[dict]) -> dict:
 
 def trace_summary(traced: dict) -> str:
     """One line per kernel name (count, median and range of durations), then the timeline."""
+    if "error" in traced:
+        return f"  trace: {traced['error']}"
     lines = [
         f"  {k['count']:3d} x {k['median_us']:8.1f} us ({k['range_us'][0]:.1f}-"
         f"{k['range_us'][1]:.1f})  {name[:90]}"
@@ -124,9 +127,13 @@ def trace_summary(traced: dict) -> str:
 def run_path(
     call, inputs, *, calls: int, seconds: float, settle_s: float, field: str, trace: bool = False
 ) -> dict:
-    """`calls` lazy calls per batch, batches back to back for `seconds`, sampled by nvidia-smi;
-    with `trace`, one more batch traced right after them (the GPU still loaded)."""
+    """`calls` lazy calls per batch, batches back to back for `seconds`, sampled by nvidia-smi.
+    With `trace`, the load's last TRACE_S (at most half of it) runs under the profiler, which
+    was started once beforehand so that starting it again leaves the GPU no time to idle; the
+    time per call then comes from the untraced part."""
     mx.eval([call(inputs) for _ in range(calls)])  # warm-up
+    if trace:
+        trace_events(lambda: None)  # imports PyTorch and starts CUPTI once, before the load
     sampler = _sample_gpu(field, period_ms=PERIOD_MS)
     time.sleep(IDLE_S)  # nvidia-smi's first sample
     settled = datetime.datetime.now() + datetime.timedelta(seconds=settle_s)
@@ -134,12 +141,26 @@ def run_path(
     done = 0
     pending = [call(inputs) for _ in range(calls)]
     mx.async_eval(pending)
-    while time.perf_counter() - start < seconds:
-        following = [call(inputs) for _ in range(calls)]
-        mx.async_eval(following)
-        mx.eval(pending)
-        done += calls
-        pending = following
+
+    def load(until_s: float) -> None:  # the next batch is submitted before this one is waited for
+        nonlocal done, pending
+        while time.perf_counter() - start < until_s:
+            following = [call(inputs) for _ in range(calls)]
+            mx.async_eval(following)
+            mx.eval(pending)
+            done += calls
+            pending = following
+
+    traced_s = min(TRACE_S, seconds / 2) if trace else 0.0
+    load(seconds - traced_s)
+    timed = (done, time.perf_counter() - start)
+    traced = None
+    if trace:
+        launched = kernel_events(trace_events(lambda: load(seconds)))
+        try:
+            traced = {"calls": done - timed[0], "seconds": traced_s, **timeline(launched)}
+        except ValueError as error:  # keep the finished runs
+            traced = {"error": str(error)}
     mx.eval(pending)
     done += calls
     wall = time.perf_counter() - start
@@ -155,13 +176,8 @@ def run_path(
         )
     clocks = [float(r[1]) for r in steady]
     power = [float(r[2]) for r in steady]
-    us_per_call = wall / done * 1e6
-    traced = None
-    if trace:  # two batches in one graph, right after the load: the GPU is still hot
-        launched = kernel_events(
-            trace_events(lambda: mx.eval([call(inputs) for _ in range(2 * calls)]))
-        )
-        traced = {"calls": 2 * calls, **timeline(launched)}
+    calls_timed, seconds_timed = timed if trace else (done, wall)
+    us_per_call = seconds_timed / calls_timed * 1e6
     return {
         "calls": done,
         "seconds": wall,

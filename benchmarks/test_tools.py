@@ -487,25 +487,37 @@ def test_sustained_load_reads_nvidia_smi_after_the_settling_samples(
     with pytest.raises(SystemExit, match="run longer than --settle-s"):
         sustained_load.run_path(call, inputs, calls=4, seconds=0.2, settle_s=5.0, field=field)
 
+    assert run["trace"] is None
     traced_runs = []
 
-    def fake_trace(run):  # CUPTI stand-in: the traced batch's kernels, two at a time
+    def fake_trace(run):  # CUPTI stand-in: two waves of four 15-us kernels, back to back
         run()
         traced_runs.append(None)
-        kernels = [{"cat": "kernel", "name": "attention", "ts": 10.0 * (i // 2), "dur": 15.0}
+        kernels = [{"cat": "kernel", "name": "attention", "ts": 15.0 * (i // 4), "dur": 15.0}
                    for i in range(8)]  # fmt: skip
         return kernels + [{"cat": "cpu_op", "name": "eval", "ts": 0.0, "dur": 99.0}]
 
     monkeypatch.setattr(sustained_load, "trace_events", fake_trace)
     run = sustained_load.run_path(
-        call, inputs, calls=4, seconds=0.4, settle_s=0.1, field=field, trace=True
+        call, inputs, calls=4, seconds=0.6, settle_s=0.1, field=field, trace=True
     )
-    assert len(traced_runs) == 1 and run["trace"]["calls"] == 8
-    assert run["trace"]["kernels"] == {
+    assert len(traced_runs) == 2  # the warm-up trace, then the load's last 0.3 s
+    traced = run["trace"]
+    assert traced["seconds"] == 0.3 and traced["calls"] > 0 and traced["calls"] % 4 == 0
+    assert traced["calls"] < run["calls"]
+    assert traced["kernels"] == {
         "attention": {"count": 8, "median_us": 15.0, "range_us": [15.0, 15.0]}
     }
-    assert run["trace"]["span_us"] == 45.0 and run["trace"]["idle_us"] == 0.0
-    assert "8 calls: span 45.0 us (5.6 per call)" in sustained_load.trace_summary(run["trace"])
+    assert traced["span_us"] == 30.0 and traced["idle_us"] == 0.0
+    assert traced["max_concurrent"] == 4
+    assert f"{traced['calls']} calls: span 30.0 us" in sustained_load.trace_summary(traced)
+
+    monkeypatch.setattr(sustained_load, "trace_events", lambda run: run() or [])
+    run = sustained_load.run_path(
+        call, inputs, calls=4, seconds=0.6, settle_s=0.1, field=field, trace=True
+    )
+    assert "no kernel" in run["trace"]["error"]  # the run itself is kept
+    assert run["us_per_call"] > 0 and "no kernel" in sustained_load.trace_summary(run["trace"])
 
 
 def test_sustained_load_timeline_counts_gaps_and_overlap() -> None:
@@ -519,7 +531,7 @@ def test_sustained_load_timeline_counts_gaps_and_overlap() -> None:
     assert line["span_us"] == 32.0 and line["busy_us"] == 27.0 and line["idle_us"] == 5.0
     assert line["max_concurrent"] == 2
     assert line["kernels"]["a"] == {"count": 2, "median_us": 7.0, "range_us": [2.0, 12.0]}
-    with pytest.raises(SystemExit, match="no kernel"):
+    with pytest.raises(ValueError, match="no kernel"):
         sustained_load.timeline([])
 
 

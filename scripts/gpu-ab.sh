@@ -30,9 +30,12 @@ start=$(date +%s)
 
 OUT=$OUT bash scripts/gpu.sh install || exit 1
 
-assemble() {  # the tree's pagekernels with the variant's overlay (scripts/variants.sh)
+# The overlays are differences from the tree that variants.sh saw: refuse another one.
+sha256sum --quiet -c ab/base.sha256 ||
+  { echo "packages/pagekernels changed since scripts/variants.sh: run it again" >&2; exit 2; }
+assemble() {  # the tree's pagekernels (no build folder) with the variant's overlay
   rm -rf "ab/$1/pagekernels" "ab/$1/src" && mkdir -p "ab/$1/src/packages" &&
-    cp -r packages/pagekernels "ab/$1/src/packages/" && rm -rf "ab/$1/src/packages/pagekernels/build" &&
+    tar -C packages --exclude=pagekernels/build -cf - pagekernels | tar -C "ab/$1/src/packages" -xf - &&
     if [ -f "ab/$1/overlay.tar" ]; then tar -x -f "ab/$1/overlay.tar" -C "ab/$1/src"; fi &&
     while IFS= read -r f; do rm -f "ab/$1/src/$f"; done <"ab/$1/removed.txt" &&
     mv "ab/$1/src/packages/pagekernels" "ab/$1/pagekernels" && rm -rf "ab/$1/src"

@@ -22,11 +22,14 @@ cat .gpu-a/part.00 .gpu-b/part.01 >"$work/$name"
 rm -rf .gpu-1 .gpu-2 .gpu-3
 mkdir -p .gpu-1 .gpu-2 .gpu-3
 split -n 3 -d "$work/$name" "$work/part."
+exclude=$(git rev-parse --git-path info/exclude)  # also right in a worktree
+mkdir -p "$(dirname "$exclude")"
 for i in 1 2 3; do
   mv "$work/part.0$((i - 1))" ".gpu-$i/"
-  grep -qxF "/.gpu-$i/" .git/info/exclude 2>/dev/null || echo "/.gpu-$i/" >>.git/info/exclude
+  grep -qxF "/.gpu-$i/" "$exclude" 2>/dev/null || echo "/.gpu-$i/" >>"$exclude"
 done
 echo "$name" >.gpu-3/big-wheel-name
+(cd "$work" && sha256sum "$name") >.gpu-3/big-wheel.sha256
 cp -r .gpu-b/wheels .gpu-3/wheels
 for i in 1 2; do
   cat >".gpu-$i/stash.sh" <<'EOS'
@@ -49,12 +52,16 @@ for p in part.00 part.01; do
   [ -f "/root/gpu-stage/$p" ] ||
     { echo "PART $p MISSING: a fresh machine; make calls 1 and 2 first" >&2; exit 3; }
 done
-here=$(dirname "$0")
+here=$(cd "$(dirname "$0")" && pwd)
 name=$(cat "$here/big-wheel-name")
 cat /root/gpu-stage/part.00 /root/gpu-stage/part.01 "$here/part.02" >"/root/gpu-stage/$name"
+(cd /root/gpu-stage && sha256sum --quiet -c "$here/big-wheel.sha256") ||
+  { echo "the joined wheel is not MLX's (stale parts?): make calls 1 and 2 again" >&2; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-cache-dir "/root/gpu-stage/$name" "$here"/wheels/*.whl
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())"
 EOS
 chmod +x .gpu-1/stash.sh .gpu-2/stash.sh .gpu-3/install.sh
-cat .gpu-1/part.00 .gpu-2/part.01 .gpu-3/part.02 | cmp - "$work/$name" && echo "parts check out"
+cat .gpu-1/part.00 .gpu-2/part.01 .gpu-3/part.02 | cmp - "$work/$name" ||
+  { echo "the parts do not join into $name" >&2; exit 1; }
+echo "parts check out"
 du -sh .gpu-1 .gpu-2 .gpu-3

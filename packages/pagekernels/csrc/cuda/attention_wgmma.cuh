@@ -46,7 +46,8 @@ struct WgmmaConfig {
   static constexpr int kRows = 2 * kGroupRows;
   static constexpr int kTile = 128;  // keys per stage: the n of Q K^T
   static constexpr int kStages = kStagesArg;
-  static_assert(kStages >= 3, "tiles j - 1 (P V) and j (S) in use while j + 1 loads");
+  // One warpgroup may still run P V on tile j - 1 while the other starts S on tile j.
+  static_assert(kStages >= 3, "tiles j - 1 and j in use while j + 1 loads");
   // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64,512, what the CTA is launched with (168 per
   // thread at 384 threads). More would make setmaxnreg.inc wait forever.
   static constexpr int kProducerRegs = 40;
@@ -415,9 +416,9 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       const int t0 = begin + i * C::kTile;
       const bool compute = t0 < group_end;  // uniform across the warpgroup, as wgmma requires
 
-      // Each wgmma is waited for in the branch that issued it, and P V with an unconditional
-      // wait (a no-op on the first tile): ptxas serialises every wgmma (C7514 / C7518) when it
-      // cannot prove an accumulator untouched between issue and wait on every path.
+      // Each wgmma is waited for in the branch that issued it: ptxas serialises every wgmma
+      // (C7514 / C7518) when it cannot prove an accumulator untouched between issue and wait on
+      // every path.
       if (compute) {
         // S = Q K^T: k step ds reads dims 16 ds .. +15 of every query and key row, 32 (ds % 4)
         // bytes into the 128-byte rows of column block ds / 4.
