@@ -389,8 +389,8 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     auto release_q = [&](int i) {
       if (i == num_tiles - 1 && lane == 0) mbarrier_arrive(q_empty);
     };
-    // The other consumer's turn to issue MMAs; consumer 1 skips its last arrival, which nobody
-    // waits for.
+    // The other consumer's turn to run its softmax; consumer 1 skips its last arrival, which
+    // nobody waits for.
     auto pass_turn = [&](int i) {
       if (group == 0 || i + 1 < num_tiles) named_barrier_arrive(other_turn, C::kConsumerThreads);
     };
