@@ -20,10 +20,11 @@
 //   q_empty   completes when every consumer warp has waited for its last Q K^T of the item.
 // No CTA-wide barrier runs inside the loops, so the two consumers drift apart. Each consumer
 // runs a tile in order (cuDNN's): issue S = Q K^T (Q read from shared memory, which leaves the
-// registers to S, O and P), wait, mask, softmax, rescale O, pack P, issue O += P V, wait. Named
+// registers to S, O and P), wait, mask, softmax, rescale O, issue O += P V, wait. Named
 // barriers pass a turn between the two around the softmax (a ping-pong), so one warpgroup's
 // exponentials run while the other's MMAs do. After a row's first tile the softmax rarely
-// computes a max (softmax_scores_lazy_max).
+// computes a max (softmax_scores_lazy_max), and P is packed to 16 bits inside its run of
+// exponentials, where the conversions fill the MUFU's issue interval.
 // Outputs go from the accumulators straight to global memory (the ring is busy with the next
 // item). The producer gives registers back (setmaxnreg) so the consumers can hold S, O and P.
 #pragma once
@@ -450,13 +451,18 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         named_barrier_sync(my_turn, C::kConsumerThreads);
         float alpha[2];
         bool rescale = false;
+        // P for this tile's P V, packed where p is final (pf is free: the last P V completed).
+        auto pack_p = [&] {
+#pragma unroll
+          for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
+        };
         // Once every row of the warp has a max, the tile's max is rarely needed
         // (softmax_scores_lazy_max); not on the item's last tile, as the recompute reads Q,
         // which may already be the next item's there (release_q).
         bool max_first = true;
         if (i + 1 < num_tiles &&
             __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) {
-          const LazyMax lazy = softmax_scores_lazy_max(s, m, d, c, alpha);
+          const LazyMax lazy = softmax_scores_lazy_max(s, m, d, c, alpha, pack_p);
           if (lazy == LazyMax::kOverflow) {  // rare: S again, from K's stage and Q
             scores_from_shared<C>(s, q_tile, k_ring + (seq % kStages) * C::kTileElems, warp_row0,
                                   lane);
@@ -468,13 +474,12 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         }
         if (max_first) {
           softmax_scores(s, m, d, c, alpha);
+          pack_p();
           // Skipped (warp-uniformly) when no row of the warp has a new max.
           rescale = __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
         }
         pass_turn(i);
         if (rescale) rescale_rows(o, alpha);
-#pragma unroll
-        for (int kb = 0; kb < C::kKeySteps; ++kb) probabilities_fragment<T>(s, kb, pf[kb]);
         issue_pv(seq);  // cuDNN's order: this tile's P V right after its softmax, waited for
         wgmma_wait<0>();
         fence_registers(o);

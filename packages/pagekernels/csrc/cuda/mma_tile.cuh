@@ -132,16 +132,20 @@ enum class LazyMax { kKept, kMoved, kOverflow };
 // p and sum are scaled down by it and O must be too (kMoved, factors in alpha, 1 for the other
 // rows). kOverflow, with m, d and alpha untouched, when some p reached 2^64 or overflowed to
 // inf: s, now holding p, must be recomputed and go through softmax_scores. (NaN scores, from
-// NaN or inf inputs, reach d as they do in softmax_scores.)
+// NaN or inf inputs, reach d as they do in softmax_scores.) `use_p()` runs where p is final for
+// kKept and kMoved: right after the exponentials, before the vote, so the compiler can
+// interleave its work with them (speculative: kKept is the common case), and again after
+// kMoved's rescale.
 constexpr float kLazyMaxMargin = 256.0f;    // 2^8
 constexpr float kLazyMaxOverflow = 1.8e19f;  // ~2^64: d plus 32 such p stay finite
 
-template <int kBlocks>
+template <int kBlocks, typename UseP>
 __device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4], float (&m)[2],
                                                            float (&d)[2], float c,
-                                                           float (&alpha)[2]) {
+                                                           float (&alpha)[2], UseP use_p) {
   const float sum[2] = {exponentiate_row(s, 0, c, m[0], 0.0f),
                         exponentiate_row(s, 1, c, m[1], 0.0f)};
+  use_p();
   if (!__any_sync(0xffffffffu, sum[0] > kLazyMaxMargin || sum[1] > kLazyMaxMargin)) {
     d[0] += sum[0];
     d[1] += sum[1];
@@ -159,6 +163,7 @@ __device__ __forceinline__ LazyMax softmax_scores_lazy_max(float (&s)[kBlocks][4
     d[h] = (d[h] + sum[h]) * alpha[h];
   }
   rescale_rows(s, alpha);
+  use_p();
   return LazyMax::kMoved;
 }
 
