@@ -19,7 +19,7 @@
 # sdpa-profile sustained kernel-time serve mlxlm admission profile. Test selection: TEST_PATHS
 # (pytest paths or node ids), TEST_K (a pytest -k expression) and TEST_SHARD (I/N: every N-th
 # test from the I-th, scripts/pytest_shard.py; on a fresh machine the whole suite needs two
-# calls beside the build: TEST_SHARD=1/2, then 2/2). .whl/ holds wheels the machine
+# calls beside the build: TEST_SHARD=1/2 TEST_TIMEOUT_S=420, then 2/2). .whl/ holds wheels the machine
 # lacks (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,8 @@ fi
 
 if has_stage test; then
   section "tests on the GPU (default device: gpu)"
-  PYTHONPATH=scripts timeout "${TEST_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+  PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" timeout "${TEST_TIMEOUT_S:-240}" \
+    python3 -m pytest -q -p no:cacheprovider \
     --junitxml="$OUT/gpu-tests.xml" ${TEST_K:+-k "$TEST_K"} \
     ${TEST_SHARD:+-p pytest_shard --shard "$TEST_SHARD"} ${TEST_PATHS:-packages/pagekernels/tests tests} \
     2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25

@@ -1,8 +1,9 @@
 """pytest plugin: run one shard of the collected tests, `--shard I/N`.
 
-Shard I of N keeps tests I, I + N, I + 2N, ... (1-based) of the collected order, so neighbouring
-tests, which often cost alike, fall into different shards. `scripts/gpu.sh` loads it (`TEST_SHARD`)
-to split the GPU suite over device calls that cannot hold all of it:
+Shard I of N keeps tests I, I + N, I + 2N, ... (1-based) of the tests left after the other
+selections (`-k`, `-m`), in collected order, so neighbouring tests, which often cost alike, fall
+into different shards. `scripts/gpu.sh` loads it (`TEST_SHARD`) to split the GPU suite over
+device calls that cannot hold all of it:
 
     PYTHONPATH=scripts python -m pytest -p pytest_shard --shard 1/2
 """
@@ -16,7 +17,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--shard",
         metavar="I/N",
-        help="run only tests I, I+N, I+2N, ... (1-based) of the collected order",
+        help="run only tests I, I+N, I+2N, ... (1-based) of the selected tests",
     )
 
 
@@ -37,11 +38,15 @@ def pytest_configure(config: pytest.Config) -> None:
         parse_shard(text)  # before collection, so a typo costs nothing
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected theirs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     text = config.getoption("--shard")
     if text is None:
         return
     index, count = parse_shard(text)
-    kept = [item for position, item in enumerate(items) if position % count == index - 1]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for position, item in enumerate(items):
+        (kept if position % count == index - 1 else deselected).append(item)
+    config.hook.pytest_deselected(items=deselected)
     items[:] = kept

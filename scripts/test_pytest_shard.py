@@ -1,9 +1,11 @@
-"""The `--shard I/N` plugin: shards split the collected tests without overlap or loss."""
+"""The `--shard I/N` plugin: shards split the selected tests without overlap or loss."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,41 +13,72 @@ import pytest
 SCRIPTS = Path(__file__).parent
 
 
-def _run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "pytest_shard", "-p", "no:cacheprovider", *args],
+@dataclass
+class Run:
+    returncode: int
+    passed: list[str]  # test names, in the order run
+    deselected: int
+    stderr: str
+
+
+def _run_pytest(folder: Path, *args: str) -> Run:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "pytest_shard",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
         cwd=folder,
         env={"PYTHONPATH": str(SCRIPTS), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=False,
     )
-
-
-def _passed(result: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line.split()[0] for line in result.stdout.splitlines() if " PASSED" in line]
+    passed = re.findall(r"::(\w+) PASSED", result.stdout)
+    deselected = re.search(r"(\d+) deselected", result.stdout)
+    return Run(result.returncode, passed, int(deselected[1]) if deselected else 0, result.stderr)
 
 
 @pytest.fixture
-def seven_tests(tmp_path: Path) -> Path:
-    body = "\n".join(f"def test_{i}():\n    pass\n" for i in range(7))
-    (tmp_path / "test_many.py").write_text(body)
+def eight_tests(tmp_path: Path) -> Path:
+    names = [f"test_{kind}_{i}" for i in range(4) for kind in ("apple", "pear")]
+    (tmp_path / "test_fruit.py").write_text("".join(f"def {n}():\n    pass\n" for n in names))
     return tmp_path
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
-def test_shards_partition_the_tests(seven_tests: Path, count: int) -> None:
-    everything = _passed(_run_pytest(seven_tests, "-v"))
-    assert len(everything) == 7
-    shards = [
-        _passed(_run_pytest(seven_tests, "-v", f"--shard={i}/{count}")) for i in range(1, count + 1)
-    ]
-    assert sorted(sum(shards, [])) == sorted(everything)
-    assert shards[0] == everything[::count]  # round robin in collected order
+def test_shards_partition_the_tests(eight_tests: Path, count: int) -> None:
+    everything = _run_pytest(eight_tests).passed
+    assert len(everything) == 8
+    shards = [_run_pytest(eight_tests, f"--shard={i}/{count}") for i in range(1, count + 1)]
+    assert sorted(sum((shard.passed for shard in shards), [])) == sorted(everything)
+    assert shards[0].passed == everything[::count]  # round robin in collected order
+    assert [shard.deselected for shard in shards] == [8 - len(shard.passed) for shard in shards]
 
 
-@pytest.mark.parametrize("text", ["0/2", "3/2", "1-2", "a/b", "1/2/3"])
-def test_bad_shards_are_usage_errors(seven_tests: Path, text: str) -> None:
-    result = _run_pytest(seven_tests, f"--shard={text}")
-    assert result.returncode == pytest.ExitCode.USAGE_ERROR
-    assert "--shard" in result.stderr
+def test_shards_split_what_k_selected(eight_tests: Path) -> None:
+    first, second = (_run_pytest(eight_tests, "-k", "pear", f"--shard={i}/2") for i in (1, 2))
+    assert first.passed == ["test_pear_0", "test_pear_2"]
+    assert second.passed == ["test_pear_1", "test_pear_3"]
+    assert first.deselected == second.deselected == 6
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0/2", "1 <= I <= N"),
+        ("3/2", "1 <= I <= N"),
+        ("1-2", "expects I/N"),
+        ("a/b", "expects I/N"),
+    ],
+)
+def test_bad_shards_are_usage_errors(eight_tests: Path, text: str, message: str) -> None:
+    run = _run_pytest(eight_tests, f"--shard={text}")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR
+    assert message in run.stderr
