@@ -87,6 +87,10 @@ MATRIX = [
     # enough row blocks for the 128-row tensor-core tiles (>= 4 per SM on the H200)
     ([600, 700, 650, 1000], 32, 8, 600, 128, 16, True, mx.bfloat16),
     ([600, 601, 602, 900], 32, 8, 600, 64, 64, False, mx.float16),
+    # the 128-row wgmma tiles with query groups other than 4 (rows = L * G split across heads)
+    ([300, 257, 100], 12, 4, 100, 128, 16, True, mx.bfloat16),
+    ([260, 129], 10, 2, 70, 128, 128, True, mx.float16),
+    ([400, 130], 8, 8, 130, 128, 16, True, mx.bfloat16),
 ]
 MATRIX_IDS = [
     f"B{len(c[0])}_ctx{max(c[0])}_gqa{c[1] // c[2]}_L{c[3]}_D{c[4]}_ps{c[5]}"
