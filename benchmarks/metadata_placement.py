@@ -35,6 +35,7 @@ import numpy as np
 
 import pagekernels as pk
 from pagepool import packed_int32
+from qwen3model.provenance import collect_provenance
 
 VARIANTS = ("pool", "device", "host", "host-padded", "host-packed", "host-copied")
 HQ, HKV, D = 32, 8, 128
@@ -148,7 +149,12 @@ def main(argv: list[str]) -> int:
         cells = "  ".join(f"{n} {us:7.1f}" for n, us in result["us_per_call"].items())
         print(f"B={b} ctx={ctx} L={q_len} ps={ps}: us per call  {cells}", flush=True)
     if args.json_output:
-        record = {"kind": "metadata_placement", "mlx": mx.__version__, "results": results}
+        record = {
+            "kind": "metadata_placement",
+            "provenance": collect_provenance("gpu"),
+            "results": results,
+        }
+        args.json_output.parent.mkdir(parents=True, exist_ok=True)
         args.json_output.write_text(json.dumps(record, indent=1))
     return 0
 
