@@ -14,6 +14,12 @@
 # is the prefill benchmark (1024 and 4096 tokens, pages of 16 and 128, paged and MLX SDPA). Logs
 # and JSON go to $OUT (packed into one archive when there are more than 8 files);
 # benchmarks/ab_table.py prints the default benchmark's paired table from them.
+#
+# Each variant is installed into its own folder (ab/site/<name>) and chosen by PYTHONPATH, so
+# that two variants can run at once. On a machine with two GPUs, AB_SUITE=<name> runs
+# scripts/gpu.sh's test stage (TEST_* settings as there; TEST_TIMEOUT_S default 420) on that
+# variant on GPU AB_SUITE_GPU (default 1) while the tests and rounds above run on GPU AB_GPU
+# (default 0); its logs go to $OUT/suite/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -47,13 +53,24 @@ wheel() {  # the image's default CXX breaks the extension: see scripts/gpu.sh
       --no-index --no-deps --no-build-isolation -w "ab/whl/$1" "ab/$1/pagekernels" \
       >"$OUT/build-$1.log" 2>&1 || { echo "build $1 failed"; tail -n 20 "$OUT/build-$1.log"; }
 }
-use() {
-  python3 -m pip install -q --no-index --no-deps --force-reinstall "ab/whl/$1"/*.whl \
-    >/dev/null 2>&1 || { echo "install $1 failed"; return 1; }
+site() {  # the variant's wheel, installed on its own
+  rm -rf "ab/site/$1" && python3 -m pip install -q --no-index --no-deps --target "ab/site/$1" \
+    "ab/whl/$1"/*.whl >/dev/null 2>&1 || { echo "install $1 failed"; return 1; }
 }
-for v in "${variants[@]}"; do wheel "$v" & done
+use() { [ -d "ab/site/$1" ] && export PYTHONPATH="$PWD/ab/site/$1"; }
+for v in "${variants[@]}"; do { wheel "$v" && site "$v"; } & done
 wait
 echo "wheels in $(($(date +%s) - start)) s: ${variants[*]}"
+export CUDA_VISIBLE_DEVICES=${AB_GPU:-0}
+
+suite=""
+if [ -n "${AB_SUITE:-}" ]; then
+  mkdir -p "$OUT/suite"
+  (use "$AB_SUITE" && echo "== suite $AB_SUITE ($(cat "ab/$AB_SUITE/commit")) on GPU ${AB_SUITE_GPU:-1}" &&
+    CUDA_VISIBLE_DEVICES=${AB_SUITE_GPU:-1} OUT="$OUT/suite" TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-420} \
+      bash scripts/gpu.sh test >"$OUT/suite/gpu.log" 2>&1; tail -n 4 "$OUT/suite/gpu.log") &
+  suite=$!
+fi
 
 if [ -n "${AB_TESTS:-}" ]; then
   for v in ${AB_TEST_VARIANTS:-${variants[*]}}; do
@@ -77,6 +94,7 @@ for ((round = 0; round < rounds; round++)); do
     VARIANT=$v ROUND=$round OUT=$OUT bash -c "$bench"
   done
 done
+if [ -n "$suite" ]; then wait "$suite"; fi
 echo "done in $(($(date +%s) - start)) s"
 for v in "${variants[@]}"; do echo "$v $(cat "ab/$v/commit")"; done >"$OUT/variants.txt"
 files=("$OUT"/*)
