@@ -442,7 +442,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
         const bool masked = t0 + C::kTile > unmasked_end || any_unmapped != 0;
         auto mask = [&] {
-          auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
+          auto mapped = [words](int key) {
+            const auto k = static_cast<unsigned>(key);  // >= 0: the division is a shift
+            return ((words[k / 32] >> (k % 32)) & 1u) == 0;
+          };
           mask_scores(s, mapped, 0, t0, limit, lane);
         };
         if (masked) mask();

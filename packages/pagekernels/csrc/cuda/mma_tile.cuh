@@ -57,7 +57,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mappe
   for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
+      const int key = key0 + n * 8 + 2 * (lane & 3) + (e & 1);
       if (!(mapped(key) && t0 + key < limit[e / 2])) s[n][e] = -INFINITY;
     }
   }
