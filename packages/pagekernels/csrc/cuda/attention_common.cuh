@@ -151,12 +151,24 @@ struct CtaRows {
   }
 };
 
+// The packed rows [begin, end) of work item w: its block of rows_per_cta (no global load).
+struct RowSpan {
+  int begin;
+  int end;
+};
+
+template <typename P>
+__device__ __forceinline__ RowSpan item_rows(const P& p, int rows_per_cta, const WorkItem& w) {
+  const int begin = w.row_block * rows_per_cta;
+  return {begin, min(begin + rows_per_cta, p.query_len * p.group.value)};
+}
+
 template <typename P>
 __device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w,
                                             int num_keys) {
-  const int row_begin = w.row_block * rows_per_cta;
-  const int row_end = min(row_begin + rows_per_cta, p.query_len * p.group.value);
-  return {w, num_keys, row_begin, row_end, key_range(p, num_keys, row_begin, row_end, w.split)};
+  const RowSpan rows = item_rows(p, rows_per_cta, w);
+  return {w, num_keys, rows.begin, rows.end,
+          key_range(p, num_keys, rows.begin, rows.end, w.split)};
 }
 
 template <typename P>
