@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cuda/device_utils.cuh"
+#include "cuda/divisor.h"
 #include "kernels/online_softmax.h"
 #include "kernels/paged_kv.h"
 
@@ -39,7 +40,7 @@ struct AttentionParams {
   int batch;              // B
   int num_q_heads;        // Hq
   int num_kv_heads;       // Hkv
-  int group;              // G = Hq / Hkv
+  Divisor group;          // G = Hq / Hkv (group.value), divided by as a multiply-high
   int query_len;          // L
   int head_dim;           // D (runtime; kernels are compiled for a capacity >= D)
   int num_row_blocks;     // blocks of packed rows per (b, kv_head)
@@ -123,8 +124,8 @@ __device__ __forceinline__ int chunk_begin(const P& p, int split) {
 template <typename P>
 __device__ __forceinline__ KeyRange key_range(const P& p, int num_keys, int row_begin,
                                               int row_end, int split) {
-  const int first_l = row_begin / p.group;
-  const int last_l = (row_end - 1) / p.group;
+  const int first_l = p.group.divide(row_begin);
+  const int last_l = p.group.divide(row_end - 1);
   const int begin = chunk_begin(p, split);
   const int end = min(row_key_limit(last_l, p.query_len, num_keys, p.causal),
                       begin + p.chunk_keys);
@@ -144,17 +145,30 @@ struct CtaRows {
   template <typename P>
   __device__ __forceinline__ int limit(const P& p, int r) const {
     return r < row_end
-               ? min(row_key_limit(r / p.group, p.query_len, num_keys, p.causal), range.end)
+               ? min(row_key_limit(p.group.divide(r), p.query_len, num_keys, p.causal),
+                     range.end)
                : 0;
   }
 };
 
+// The packed rows [begin, end) of work item w: its block of rows_per_cta (no global load).
+struct RowSpan {
+  int begin;
+  int end;
+};
+
+template <typename P>
+__device__ __forceinline__ RowSpan item_rows(const P& p, int rows_per_cta, const WorkItem& w) {
+  const int begin = w.row_block * rows_per_cta;
+  return {begin, min(begin + rows_per_cta, p.query_len * p.group.value)};
+}
+
 template <typename P>
 __device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const WorkItem& w,
                                             int num_keys) {
-  const int row_begin = w.row_block * rows_per_cta;
-  const int row_end = min(row_begin + rows_per_cta, p.query_len * p.group);
-  return {w, num_keys, row_begin, row_end, key_range(p, num_keys, row_begin, row_end, w.split)};
+  const RowSpan rows = item_rows(p, rows_per_cta, w);
+  return {w, num_keys, rows.begin, rows.end,
+          key_range(p, num_keys, rows.begin, rows.end, w.split)};
 }
 
 template <typename P>
@@ -162,12 +176,18 @@ __device__ __forceinline__ CtaRows cta_rows(const P& p, int rows_per_cta, const 
   return cta_rows(p, rows_per_cta, w, p.kv.num_keys(w.b));
 }
 
+// Row index of (b, query head of packed row r, position of r) in q / out seen as [rows, D].
+template <typename P>
+__device__ __forceinline__ int64_t q_row_index(const P& p, int b, int kv_head, int r) {
+  const int l = p.group.divide(r);
+  const int64_t head = static_cast<int64_t>(kv_head) * p.group.value + (r - l * p.group.value);
+  return (static_cast<int64_t>(b) * p.num_q_heads + head) * p.query_len + l;
+}
+
 // Element offset of (b, query head of packed row r, position of r, 0) in q / out.
 template <typename P>
 __device__ __forceinline__ int64_t q_row_offset(const P& p, int b, int kv_head, int r) {
-  const int64_t head = static_cast<int64_t>(kv_head) * p.group + r % p.group;
-  return ((static_cast<int64_t>(b) * p.num_q_heads + head) * p.query_len + r / p.group) *
-         p.head_dim;
+  return q_row_index(p, b, kv_head, r) * p.head_dim;
 }
 
 // Where packed row r of work item w goes: its row of `out` when unsplit, else its slot of the
@@ -187,9 +207,9 @@ struct RowOutput {
 template <typename T, typename KV>
 __device__ __forceinline__ RowOutput<T> row_output(const AttentionParams<T, KV>& p,
                                                    const WorkItem& w, int r) {
-  const int64_t row = q_row_offset(p, w.b, w.kv_head, r);  // = row index * D
-  if (p.num_splits == 1) return {p.out + row, nullptr, nullptr};
-  const int64_t slot = (row / p.head_dim) * p.num_splits + w.split;
+  const int64_t row = q_row_index(p, w.b, w.kv_head, r);
+  if (p.num_splits == 1) return {p.out + row * p.head_dim, nullptr, nullptr};
+  const int64_t slot = row * p.num_splits + w.split;
   return {nullptr, p.partial_out + slot * p.head_dim, p.partial_lse + slot};
 }
 

@@ -188,7 +188,7 @@ void launch_attention(Encoder& enc, const mx::array& q, const mx::array& k, cons
   p.batch = s.batch;
   p.num_q_heads = s.num_q_heads;
   p.num_kv_heads = s.num_kv_heads;
-  p.group = group;
+  p.group = Divisor::of(group);
   p.query_len = s.query_len;
   p.head_dim = s.head_dim;
   p.num_row_blocks = row_blocks;

@@ -285,15 +285,25 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
     Ahead ahead = index >= 0 ? load_ahead(index) : Ahead{};
     // Only the last round can have no item for this CTA (the consumers `continue` there).
     for (int round = 0; round < rounds && index >= 0; ++round) {
+      // Thread t copies Q row t (C::kRows == C::kProducerThreads); its rows need no load.
+      auto copy_q = [&, w = ahead.w] {
+        const RowSpan rows = item_rows(p, C::kRows, w);
+        const int q_row = rows.begin + thread;
+        const int64_t q_offset = q_row < rows.end ? q_row_offset(p, w.b, w.kv_head, q_row) : -1;
+        copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32, 0u,
+                                              [&](int dst, int64_t src, bool valid) {
+                                                cp_async_16(q_tile + dst, p.q + src, valid);
+                                              });
+        mbarrier_arrive_on_cp_async(q_full);
+      };
+      // The kernel's first Q goes before anything waits on a global load (the request length,
+      // the block table); q_full still waits for items[] (thread 0's arrival below).
+      if (items_done == 0) copy_q();
       const int num_keys = p.kv.keys(__shfl_sync(0xffffffffu, ahead.length, 0));
       const CtaRows cta = cta_rows(p, C::kRows, ahead.w, num_keys);
       KVRow next = ahead.first;
       index = round + 1 < rounds ? schedule.item_index(round + 1) : -1;
       if (index >= 0) ahead = load_ahead(index);
-      // Thread t copies Q row t (C::kRows == C::kProducerThreads).
-      const int q_row = cta.row_begin + thread;
-      const int64_t q_offset =
-          q_row < cta.row_end ? q_row_offset(p, cta.w.b, cta.w.kv_head, q_row) : -1;
       const KVTileProducer<T, C, KV> producer{.p = p,
                                               .k_ring = k_ring,
                                               .v_ring = v_ring,
@@ -319,11 +329,7 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
       if (num_tiles > 0) stream_tile(0);
       if (items_done > 0) mbarrier_wait(q_empty, (items_done - 1) & 1);
       if (thread == 0) items[items_done % 2] = cta;
-      copy_warp_rows<C::kRows, kHeadDim, T>(q_offset, thread / 32, thread % 32, 0u,
-                                            [&](int dst, int64_t src, bool valid) {
-                                              cp_async_16(q_tile + dst, p.q + src, valid);
-                                            });
-      mbarrier_arrive_on_cp_async(q_full);
+      if (items_done > 0) copy_q();
       if (thread == 0) mbarrier_arrive(q_full);  // publishes items[]
       for (int tile = 1; tile < num_tiles; ++tile) stream_tile(tile);
       ++items_done;
@@ -442,7 +448,10 @@ __global__ void __launch_bounds__(WgmmaConfig<T, kStages>::kThreads, 1)
         for (int k = 0; k < C::kMaskWords; ++k) any_unmapped |= words[k];
         const bool masked = t0 + C::kTile > unmasked_end || any_unmapped != 0;
         auto mask = [&] {
-          auto mapped = [words](int key) { return ((words[key / 32] >> (key % 32)) & 1u) == 0; };
+          auto mapped = [words](int key) {
+            const auto k = static_cast<unsigned>(key);  // >= 0: the division is a shift
+            return ((words[k / 32] >> (k % 32)) & 1u) == 0;
+          };
           mask_scores(s, mapped, 0, t0, limit, lane);
         };
         if (masked) mask();

@@ -57,7 +57,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kBlocks][4], Mapped mappe
   for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = key0 + n * 8 + 2 * (lane % 4) + (e & 1);
+      const int key = key0 + n * 8 + 2 * (lane & 3) + (e & 1);
       if (!(mapped(key) && t0 + key < limit[e / 2])) s[n][e] = -INFINITY;
     }
   }
@@ -177,21 +177,69 @@ __device__ __forceinline__ void probabilities_fragment(const float (&s)[kBlocks]
   a[3] = pack2<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
 }
 
+// Transposes, within each quad (the 4 lanes q of one accumulator row), the row's packed column
+// pairs of 8-column blocks 4k .. 4k + 3: lane q starts with pair q of each block (a[j] = block
+// 4k + j) and ends with block 4k + q whole (a[j] = pair j), ready for one 16-byte store. Two
+// butterfly stages of two shuffles each; every lane of the warp must take part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+  const bool odd = q & 1;  // stage 1: even lanes trade slots 1 and 3, odd lanes 0 and 2
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a[2 * i] : a[2 * i + 1], 1);
+    if (odd) {
+      a[2 * i] = got;
+    } else {
+      a[2 * i + 1] = got;
+    }
+  }
+  const bool high = q & 2;  // stage 2: lanes 0 and 1 trade slots 2 and 3, lanes 2 and 3 0 and 1
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, high ? a[i] : a[2 + i], 2);
+    if (high) {
+      a[i] = got;
+    } else {
+      a[2 + i] = got;
+    }
+  }
+}
+
 // Epilogue straight from the accumulators, for kernels whose shared memory is busy past the main
 // loop: this lane's rows g and g + 8 of one 16-row tile (packed rows r0 + lane / 4 + 8 h) as
-// O / d, two columns per 8-column block (4-byte stores of 16-bit outputs, 8-byte fp32 partials).
+// O / d. Unsplit 16-bit outputs go as 16-byte stores (quad_transpose: a quarter of the store
+// instructions, full sectors); fp32 partials as 8-byte stores of two columns per 8-column block.
 template <typename T, int kOutBlocks, typename KV>
 __device__ __forceinline__ void store_fragment_rows(const AttentionParams<T, KV>& p,
                                                     const CtaRows& cta, int r0,
                                                     const float (&o)[kOutBlocks][4],
                                                     const float (&m)[2], const float (&d)[2],
                                                     int lane) {
+  // Uniform: the output's base is 16-byte aligned (rows are head_dim * 2 bytes apart).
+  const bool vector_store = kOutBlocks % 4 == 0 && p.num_splits == 1 &&
+                            reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.head_dim % 8 == 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const SoftmaxState state{m[h], group_sum<4>(d[h])};
     const int r = r0 + lane / 4 + 8 * h;
-    if (r >= cta.row_end) continue;
     const float inv = inverse_sum(state);
+    if (vector_store) {
+      T* out = p.out + q_row_offset(p, cta.w.b, cta.w.kv_head, r);
+      const int q = lane % 4;
+#pragma unroll
+      for (int k = 0; k < kOutBlocks / 4; ++k) {
+        uint32_t a[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          a[j] = pack2<T>(o[4 * k + j][2 * h] * inv, o[4 * k + j][2 * h + 1] * inv);
+        }
+        quad_transpose(a, q);  // before the row check: the whole warp shuffles
+        if (r < cta.row_end) {
+          *reinterpret_cast<uint4*>(out + 8 * (4 * k + q)) = make_uint4(a[0], a[1], a[2], a[3]);
+        }
+      }
+      continue;
+    }
+    if (r >= cta.row_end) continue;
     const RowOutput<T> dst = row_output(p, cta.w, r);
     const int col = 2 * (lane % 4);
 #pragma unroll
