@@ -16,16 +16,23 @@
 # benchmarks/ab_table.py prints the default benchmark's paired table from them.
 #
 # Each variant is installed into its own folder (ab/site/<name>) and chosen by PYTHONPATH, so
-# that two variants can run at once. On a machine with two GPUs, AB_SUITE=<name> runs
+# that two variants can run at once; its commit is the COMMIT its results record. (The
+# extension's RPATH, $ORIGIN/../mlx/lib, does not reach MLX from there: it loads because
+# `import pagekernels` imports mlx.core first.) On a machine with two GPUs, AB_SUITE=<name> runs
 # scripts/gpu.sh's test stage (TEST_* settings as there; TEST_TIMEOUT_S default 420) on that
 # variant on GPU AB_SUITE_GPU (default 1) while the tests and rounds above run on GPU AB_GPU
-# (default 0); its logs go to $OUT/suite/.
+# (default 0); its logs go to $OUT/suite/, and the script fails when a suite test failed,
+# errored or was skipped, or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 [ -f ab/variants.txt ] || { echo "no ab/variants.txt: run scripts/variants.sh first" >&2; exit 2; }
 mapfile -t variants <ab/variants.txt
+if [ -n "${AB_SUITE:-}" ]; then
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+  ((gpus >= 2)) || { echo "AB_SUITE runs on a second GPU; this machine has $gpus" >&2; exit 2; }
+fi
 default_bench='timeout 150 python3 benchmarks/attention.py --device gpu --paths paged sdpa \
   --batches 1 --contexts 128 --page-sizes 16 128 --prefill 1024 4096 --repeats 3 \
   --process-timeout-s 60 --json-output "$OUT/prefill-$VARIANT-$ROUND.json" \
@@ -51,24 +58,32 @@ wheel() {  # the image's default CXX breaks the extension: see scripts/gpu.sh
   rm -rf "ab/whl/$1" && mkdir -p "ab/whl/$1" &&
     CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ PAGEKERNELS_CUDA=1 python3 -m pip wheel -q \
       --no-index --no-deps --no-build-isolation -w "ab/whl/$1" "ab/$1/pagekernels" \
-      >"$OUT/build-$1.log" 2>&1 || { echo "build $1 failed"; tail -n 20 "$OUT/build-$1.log"; }
+      >"$OUT/build-$1.log" 2>&1 ||
+    { echo "build $1 failed"; tail -n 20 "$OUT/build-$1.log"; return 1; }
 }
 site() {  # the variant's wheel, installed on its own
   rm -rf "ab/site/$1" && python3 -m pip install -q --no-index --no-deps --target "ab/site/$1" \
     "ab/whl/$1"/*.whl >/dev/null 2>&1 || { echo "install $1 failed"; return 1; }
 }
-use() { [ -d "ab/site/$1" ] && export PYTHONPATH="$PWD/ab/site/$1"; }
+use() {
+  [ -d "ab/site/$1" ] && export PYTHONPATH="$PWD/ab/site/$1" COMMIT="$(cat "ab/$1/commit")"
+}
+# A site folder left by an earlier call on a warm machine must not stand in for a failed build.
+for v in "${variants[@]}"; do rm -rf "ab/site/$v" "ab/whl/$v"; done
 for v in "${variants[@]}"; do { wheel "$v" && site "$v"; } & done
 wait
 echo "wheels in $(($(date +%s) - start)) s: ${variants[*]}"
-export CUDA_VISIBLE_DEVICES=${AB_GPU:-0}
+export CUDA_VISIBLE_DEVICES=${AB_GPU:-${CUDA_VISIBLE_DEVICES:-0}}
 
 suite=""
 if [ -n "${AB_SUITE:-}" ]; then
   mkdir -p "$OUT/suite"
-  (use "$AB_SUITE" && echo "== suite $AB_SUITE ($(cat "ab/$AB_SUITE/commit")) on GPU ${AB_SUITE_GPU:-1}" &&
+  (
+    use "$AB_SUITE" || { echo "suite: $AB_SUITE was not installed"; exit 1; }
+    echo "== suite $AB_SUITE ($COMMIT) on GPU ${AB_SUITE_GPU:-1}, pagekernels from $PYTHONPATH"
     CUDA_VISIBLE_DEVICES=${AB_SUITE_GPU:-1} OUT="$OUT/suite" TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-420} \
-      bash scripts/gpu.sh test >"$OUT/suite/gpu.log" 2>&1; tail -n 4 "$OUT/suite/gpu.log") &
+      bash scripts/gpu.sh test
+  ) >"$OUT/suite/gpu.log" 2>&1 &
   suite=$!
 fi
 
@@ -94,10 +109,18 @@ for ((round = 0; round < rounds; round++)); do
     VARIANT=$v ROUND=$round OUT=$OUT bash -c "$bench"
   done
 done
-if [ -n "$suite" ]; then wait "$suite"; fi
+status=0
+if [ -n "$suite" ]; then
+  wait "$suite"
+  echo "== suite $AB_SUITE"
+  tail -n 3 "$OUT/suite/gpu.log"
+  # gpu.sh's status does not carry pytest's: read the JUnit report.
+  python3 scripts/junit_summary.py "$OUT/suite/gpu-tests.xml" || status=1
+fi
 echo "done in $(($(date +%s) - start)) s"
 for v in "${variants[@]}"; do echo "$v $(cat "ab/$v/commit")"; done >"$OUT/variants.txt"
 files=("$OUT"/*)
 if [ "${#files[@]}" -gt 8 ]; then
   (cd "$OUT" && tar czf ab-results.tgz --remove-files -- *) && echo "packed into $OUT/ab-results.tgz"
 fi
+exit "$status"
