@@ -21,6 +21,8 @@
 # test from the I-th, scripts/pytest_shard.py; on a fresh machine the whole suite needs two
 # calls beside the build: TEST_SHARD=1/2 TEST_TIMEOUT_S=420, then 2/2). .whl/ holds wheels the machine
 # lacks (structlog, nanobind 3.x, scikit-build-core); scripts/fetch-gpu-wheels.sh downloads them.
+# Exit status: 1 when the install or the build fails (nothing after it runs), 4 when the test
+# stage did not pass (every later stage still runs), else 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -65,13 +67,18 @@ if has_stage build; then
   python3 -c "import pagekernels, pagekernels.native as n; print('pagekernels', pagekernels.__file__)"
 fi
 
+tests_passed=1
 if has_stage test; then
   section "tests on the GPU (default device: gpu)"
+  rm -f "$OUT/gpu-tests.xml"  # a report left by an earlier run must not stand in for this one
   PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" timeout "${TEST_TIMEOUT_S:-240}" \
     python3 -m pytest -q -p no:cacheprovider \
     --junitxml="$OUT/gpu-tests.xml" ${TEST_K:+-k "$TEST_K"} \
     ${TEST_SHARD:+-p pytest_shard --shard "$TEST_SHARD"} ${TEST_PATHS:-packages/pagekernels/tests tests} \
     2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
+  # The later stages still run; the script's status says whether every test passed (none
+  # failed, errored or skipped, and the report exists: a timeout leaves none).
+  python3 scripts/junit_summary.py "$OUT/gpu-tests.xml" || tests_passed=0
 fi
 
 if has_stage bench; then
@@ -219,3 +226,4 @@ if [ "${#files[@]}" -gt "${MAX_OUT_FILES:-8}" ]; then
     find . -maxdepth 1 -type f ! -name gpu-results.tgz -delete) && \
     echo "bundled $(tar tzf "$OUT/gpu-results.tgz" | wc -l) files into $OUT/gpu-results.tgz"
 fi
+((tests_passed)) || { echo "gpu.sh: the test stage did not pass (see gpu-tests.log)"; exit 4; }

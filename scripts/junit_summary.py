@@ -1,8 +1,9 @@
 """Totals of a pytest JUnit report, and an exit status that fails unless every test passed.
 
-`scripts/gpu-ab.sh` reads the suite it ran on a second GPU with it: `gpu.sh`'s exit status does
-not carry pytest's. A report with a failure, an error or a skipped test (on the GPU, a skip means
-the test did not run), or with no test at all, exits 1:
+`scripts/gpu.sh`'s test stage ends with it, so that the job's status says whether the GPU tests
+passed (pytest's own status is lost in the pipe, and passes skipped tests). A report with a
+failure, an error or a skipped test (on the GPU, a skip means the test did not run), with no
+test at all, or no report (a timeout) exits 1:
 
     python3 scripts/junit_summary.py out/suite/gpu-tests.xml
 """
