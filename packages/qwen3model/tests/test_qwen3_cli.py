@@ -60,6 +60,17 @@ def test_every_flag_has_help() -> None:
             1,
             "divisible by the quantization group size 128",
         ),
+        (
+            ["generate", *TINY, "--compile-decode", "--dense-baseline", "hi"],
+            2,
+            "--compile-decode compiles paged decode steps",
+        ),
+        (
+            ["generate", *TINY, "--system", "be brief", "--no-chat-template", "hi"],
+            2,
+            "--system goes into the chat template",
+        ),
+        (["generate", *TINY, "--system", "be brief", "hi"], 1, "--system: this model's tokenizer"),
     ],
     ids=[
         "unknown-flag",
@@ -79,6 +90,9 @@ def test_every_flag_has_help() -> None:
         "negative-warmup",
         "overlap-optimistic",
         "group-size-does-not-divide",
+        "compile-with-ablation",
+        "system-without-template",
+        "system-but-no-template",
     ],
 )
 def test_errors_are_one_line(capsys, argv: list[str], status: int, match: str) -> None:
@@ -193,8 +207,9 @@ def test_chat_template_is_applied_by_default(capsys, tmp_path: Path) -> None:
 
 
 def serve_bench(capsys, tmp_path: Path, *flags: str) -> tuple[str, dict]:
-    """Runs serve-bench on the tiny model; returns the printed table and the JSON document."""
-    out_json = tmp_path / "bench.json"
+    """Runs serve-bench on the tiny model; returns the printed table and the JSON document
+    (written into a folder that does not exist yet: serve-bench makes it)."""
+    out_json = tmp_path / "results" / "bench.json"
     status, out, err = run(capsys, "serve-bench", *TINY, *flags, "--json-output", str(out_json))
     assert status == 0, err
     return out, json.loads(out_json.read_text())

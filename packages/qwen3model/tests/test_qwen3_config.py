@@ -74,6 +74,16 @@ def test_mlx_community_quantization_is_read() -> None:
         ({"quantization": {"group_size": 48, "bits": 4}}, "group_size"),
         ({"quantization": {"group_size": 64, "bits": 4, "lm_head": False}}, "per-layer"),
         ({"vocab_size": None}, "vocab_size"),
+        ({"rope_scaling": "linear"}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "yarn"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "disagree"),
+        ({"rms_norm_eps": "1e-6"}, "rms_norm_eps"),
+        ({"rope_theta": True}, "rope_theta"),
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, "quant_method"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}, "awq"),
     ],
     ids=[
         "other-architecture",
@@ -86,6 +96,16 @@ def test_mlx_community_quantization_is_read() -> None:
         "odd-group",
         "per-layer-quantization",
         "null-vocab",
+        "rope-scaling-not-an-object",
+        "rope-parameters-scaled",
+        "rope-theta-disagrees",
+        "eps-as-string",
+        "theta-as-bool",
+        "tie-as-string",
+        "attention-bias",
+        "other-activation",
+        "fp8-checkpoint",
+        "awq-checkpoint",
     ],
 )
 def test_bad_configs_are_rejected(change: dict, match: str) -> None:
@@ -97,3 +117,9 @@ def test_missing_keys_are_named() -> None:
     config = {k: v for k, v in QWEN3_0_6B_CONFIG.items() if k != "vocab_size"}
     with pytest.raises(ValueError, match="vocab_size"):
         ModelArgs.from_dict(config)
+
+
+def test_transformers_5_rope_parameters_are_read() -> None:
+    config = {k: v for k, v in QWEN3_0_6B_CONFIG.items() if k not in ("rope_theta", "rope_scaling")}
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0}
+    assert ModelArgs.from_dict(config).rope_theta == 10_000.0

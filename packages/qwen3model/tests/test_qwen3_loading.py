@@ -20,6 +20,7 @@ from qwen3model import (
     QuantizationArgs,
     Qwen3Model,
     Tokenizer,
+    build_synthetic,
     load_model,
     save_pretrained,
 )
@@ -218,6 +219,55 @@ def test_weights_that_do_not_fit_the_config(tiny, tmp_path: Path, edit, match) -
     mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
     with pytest.raises(ValueError, match=match):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            lambda w: w.update({"model.norm.weight": w["model.norm.weight"].astype(mx.bfloat16)}),
+            "mixes float dtypes \\['bfloat16', 'float32'\\]",
+        ),
+        (
+            lambda w: w.update({"model.norm.weight": w["model.norm.weight"].astype(mx.int32)}),
+            "wrong kind: \\['model.norm.weight \\(int32, expected float32\\)'\\]",
+        ),
+    ],
+    ids=["mixed-float-dtypes", "integer-norm"],
+)
+def test_weight_dtypes_the_kernels_cannot_take(tiny, tmp_path: Path, edit, match) -> None:
+    save_pretrained(*tiny, tmp_path)
+    weights = mx.load(str(tmp_path / "model.safetensors"))
+    edit(weights)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    with pytest.raises(ValueError, match=match):
+        load_model(str(tmp_path))
+
+
+def test_mixed_dtypes_load_with_an_explicit_dtype(tiny, tmp_path: Path) -> None:
+    save_pretrained(*tiny, tmp_path)
+    weights = mx.load(str(tmp_path / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"].astype(mx.bfloat16)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    loaded, _ = load_model(str(tmp_path), dtype=mx.float32)
+    assert {a.dtype for _, a in tree_flatten(loaded.parameters())} == {mx.float32}
+
+
+@pytest.mark.parametrize("first_shard_bytes", [40_000, None], ids=["sharded-first", "single-first"])
+def test_saving_again_replaces_the_earlier_weights(
+    backend: KernelBackend, prefill, tmp_path: Path, first_shard_bytes: int | None
+) -> None:
+    """A second save into the same directory, sharded or not, is what loads: no stale index
+    or shard of the first save is read."""
+    first, tokenizer = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.float32, seed=1)
+    second, _ = build_synthetic("qwen3-tiny", backend=backend, dtype=mx.float32, seed=2)
+    save_pretrained(first, tokenizer, tmp_path, max_shard_bytes=first_shard_bytes)
+    other_bytes = None if first_shard_bytes else 40_000
+    written = save_pretrained(second, tokenizer, tmp_path, max_shard_bytes=other_bytes)
+    weight_files = {p.name for p in tmp_path.iterdir() if p.name.startswith("model")}
+    assert weight_files == {p.name for p in written}
+    loaded, _ = load_model(str(tmp_path))
+    assert_same_parameters(second, loaded)
 
 
 def test_unknown_synthetic_name_lists_the_known_ones() -> None:

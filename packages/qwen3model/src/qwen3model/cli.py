@@ -178,13 +178,24 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects flags that parse alone but contradict each other (argparse exits with 2)."""
+    if getattr(args, "overlap_decode", False) and args.admission != "reserve":
+        parser.error("--overlap-decode needs --admission reserve")
+    if args.command != "generate":
+        return
+    if args.compile_decode and (args.disable_paged_attention or args.dense_baseline):
+        parser.error("--compile-decode compiles paged decode steps: drop the ablation")
+    if args.system is not None and args.chat_template is False:
+        parser.error("--system goes into the chat template: drop --no-chat-template")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     try:
         parser = setup_arg_parser()
         args = parser.parse_args(argv)
-        if getattr(args, "overlap_decode", False) and args.admission != "reserve":
-            parser.error("--overlap-decode needs --admission reserve")
+        _check_combinations(parser, args)
         configure_logging(args.log_format)
         cmd.select_device(args.device)
         return args.handler(args)

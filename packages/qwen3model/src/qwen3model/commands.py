@@ -162,6 +162,8 @@ def generate(args: argparse.Namespace) -> int:
     use_template = tokenizer.has_chat_template if args.chat_template is None else args.chat_template
     if use_template and not tokenizer.has_chat_template:
         raise InputError("--chat-template: this model's tokenizer has no chat template")
+    if args.system is not None and not use_template:
+        raise InputError("--system: this model's tokenizer has no chat template to put it in")
     prompt_ids = [
         tokenizer.encode(_render(tokenizer, p, args.system, use_template)) for p in prompts
     ]

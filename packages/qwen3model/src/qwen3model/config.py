@@ -88,10 +88,13 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim}, expected an even number (RoPE pairs)")
-        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name}={value!r}, expected a positive number")
+        if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(
-                f"rms_norm_eps={self.rms_norm_eps} and rope_theta={self.rope_theta} "
-                "must both be positive"
+                f"tie_word_embeddings={self.tie_word_embeddings!r}, expected true or false"
             )
 
     @classmethod
@@ -101,10 +104,14 @@ class ModelArgs:
         Args:
             config: The JSON object. `head_dim` defaults to `hidden_size // num_attention_heads`;
                 `quantization` (or `quantization_config`) holds MLX's `group_size` and `bits`.
+                RoPE settings are read from `rope_theta` / `rope_scaling` or from
+                `rope_parameters` (transformers 5).
 
         Raises:
-            ValueError: A required key is missing, a value is out of range, or the config asks
-                for a feature this implementation does not have (RoPE scaling, sliding window).
+            ValueError: A required key is missing, a value is out of range or of the wrong
+                type, or the config asks for a feature this implementation does not have (RoPE
+                scaling, sliding window, attention biases, another activation, quantization
+                other than MLX's affine).
         """
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
         values = dict(config)
@@ -113,15 +120,38 @@ class ModelArgs:
         missing = [name for name in required if name not in values]
         if missing:
             raise ValueError(f"config.json lacks required key(s) {missing}")
-        rope_scaling = values.get("rope_scaling")
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) != "default":
-            raise ValueError(f"rope_scaling={rope_scaling!r} is not supported (only unscaled RoPE)")
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = values.get(key)
+            if rope is None:
+                continue
+            if not isinstance(rope, Mapping):
+                raise ValueError(f"{key}={rope!r}, expected an object or null")
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                raise ValueError(f"{key}={dict(rope)!r} is not supported (only unscaled RoPE)")
+            if key == "rope_parameters" and "rope_theta" in rope:
+                theta = values.setdefault("rope_theta", rope["rope_theta"])
+                if theta != rope["rope_theta"]:
+                    raise ValueError(
+                        f"rope_theta={theta!r} and rope_parameters.rope_theta="
+                        f"{rope['rope_theta']!r} disagree"
+                    )
         if values.get("use_sliding_window"):
             raise ValueError("use_sliding_window=true is not supported (full attention only)")
+        if values.get("attention_bias"):
+            raise ValueError("attention_bias=true is not supported (Qwen3 has no attention bias)")
+        if values.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={values['hidden_act']!r}, expected 'silu'")
         quantization = values.get("quantization") or values.get("quantization_config")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known and k != "quantization"}
         if quantization is not None:
+            if not isinstance(quantization, Mapping):
+                raise ValueError(f"quantization={quantization!r}, expected an object")
+            if "quant_method" in quantization:
+                raise ValueError(
+                    f"quant_method={quantization['quant_method']!r} is not supported: only "
+                    "MLX's affine quantization (group_size, bits) is"
+                )
             if quantization.get("mode", "affine") != "affine":
                 raise ValueError(f"quantization mode {quantization['mode']!r}, expected 'affine'")
             per_layer = sorted(k for k, v in quantization.items() if isinstance(v, dict | bool))

@@ -78,4 +78,6 @@ def write_json(
         "provenance": dict(provenance),
         "results": [dataclasses.asdict(r) for r in results],
     }
-    Path(path).write_text(json.dumps(document, indent=2) + "\n")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")

@@ -62,10 +62,19 @@ def write_safetensors(
     """Writes `weights` as `model.safetensors`, or as shards plus an index when they exceed
     `max_shard_bytes` (Hugging Face naming: `model-00001-of-00003.safetensors`).
 
+    Weight files of an earlier save in `directory` (`model.safetensors`, shards, the index) are
+    removed first: `read_safetensors` would otherwise read a stale index.
+
     Returns:
         The files written (shards first, then the index if any).
     """
     directory = Path(directory)
+    for stale in (
+        directory / "model.safetensors",
+        directory / SAFETENSORS_INDEX,
+        *directory.glob("model-*-of-*.safetensors"),
+    ):
+        stale.unlink(missing_ok=True)
     shards: list[dict[str, mx.array]] = [{}]
     shard_bytes = 0
     for name in sorted(weights):
@@ -113,7 +122,9 @@ def apply_weights(
         dtype: Casts floating-point weights (not quantized integers) to this dtype.
 
     Raises:
-        ValueError: A parameter is missing, unexpected, or has the wrong shape.
+        ValueError: A parameter is missing, unexpected, or has the wrong shape; a float
+            parameter is stored as integers (or the reverse); or, without `dtype`, the float
+            weights mix dtypes (the kernels take one).
     """
     if quantization is not None:
         nn.quantize(
@@ -135,5 +146,24 @@ def apply_weights(
             f"checkpoint does not match the model: missing {missing[:5]} "
             f"({len(missing)} in all), unexpected {unexpected[:5]} ({len(unexpected)} in all)"
         )
+    wrong_kind = [
+        f"{name} ({_dtype_name(weights[name].dtype)}, expected {_dtype_name(param.dtype)})"
+        for name, param in expected.items()
+        if (param.dtype in _FLOAT_DTYPES) != (weights[name].dtype in _FLOAT_DTYPES)
+    ]
+    if wrong_kind:
+        raise ValueError(f"checkpoint tensors of the wrong kind: {wrong_kind[:5]}")
+    float_dtypes = sorted(
+        {_dtype_name(array.dtype) for array in weights.values() if array.dtype in _FLOAT_DTYPES}
+    )
+    if len(float_dtypes) > 1:
+        raise ValueError(
+            f"checkpoint mixes float dtypes {float_dtypes}; load it with one dtype "
+            "(load_model(dtype=...), --dtype on the command line)"
+        )
     model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")
