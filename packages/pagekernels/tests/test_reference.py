@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from pagekernels import reference
+from pagekernels import get_backend, reference
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["f32", "bf16"])
@@ -101,3 +101,30 @@ def test_norm_rope_under_compile(assert_close):
     cos, sin = np.cos(angles), np.sin(angles)
     expected = np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
     assert_close(out, mx.array(expected.transpose(0, 2, 1, 3).astype(np.float32)), tol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda ops: ops.dense_attention(
+                mx.zeros((1, 2, 1, 64)),
+                mx.zeros((1, 2, 3, 64)),
+                mx.zeros((1, 2, 3, 64)),
+                mask="full",
+            ),
+            'mask must be None or "causal", got .full.',
+        ),
+        (
+            lambda ops: ops.split_linear(mx.zeros((1, 4)), mx.zeros((10, 4)), [4, 4]),
+            r"widths must be .*non-negative output widths summing to weight.shape\[0\]=10",
+        ),
+    ],
+    ids=["unknown-mask", "widths-short-of-n"],
+)
+def test_both_backends_reject_what_would_compute_something_else(backend, call, match):
+    """Inputs the reference would otherwise take silently (a mask read as none, a split into
+    other parts) are errors there too, as in the kernels."""
+    with pytest.raises(ValueError, match=match):
+        call(get_backend(backend))

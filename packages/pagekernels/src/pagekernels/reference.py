@@ -128,6 +128,8 @@ def _attention(
     key_mask: mx.array | None = None,
 ) -> mx.array:
     """`dense_attention`, where keys with `key_mask[b, s]` False (`[B, S]`) are not seen either."""
+    if mask not in (None, "causal"):  # as the kernels: anything else would read as no mask
+        raise ValueError(f'mask must be None or "causal", got {mask!r}')
     B, Hq, L, D = queries.shape
     _, Hkv, S, _ = keys.shape
     scale = D**-0.5 if scale is None else scale
@@ -261,7 +263,16 @@ def split_linear(x: mx.array, weight: mx.array, widths: Sequence[int]) -> list[m
 
     Returns:
         One `[..., widths[i]]` array per part.
+
+    Raises:
+        ValueError: The widths are negative or do not sum to N (`mx.split` would give other
+            parts without a word).
     """
+    if any(w < 0 for w in widths) or sum(widths) != weight.shape[0]:
+        raise ValueError(
+            f"widths must be non-negative output widths summing to weight.shape[0]="
+            f"{weight.shape[0]} (N), got {list(widths)}"
+        )
     boundaries = list(itertools.accumulate(widths))[:-1]
     return mx.split(x @ weight.T, boundaries, axis=-1)
 
