@@ -253,6 +253,33 @@ def test_storage_grows_with_the_pool_and_reports_copied_bytes() -> None:
     assert mx.isnan(storage.keys[1][mx.array(unused)]).all().item()
 
 
+def test_a_growth_that_fails_part_way_leaves_every_layer_as_it_was(monkeypatch) -> None:
+    """Out of memory while the second array grows: no layer is enlarged, the append fails
+    and changes nothing, and the retry grows every layer."""
+    pool = PagePool(page_size=2, num_pages=2, growable=True)
+    storage = KVStorage(pool, num_layers=2, num_kv_heads=1, head_dim=3, dtype=mx.float32)
+    pages = PageList(pool)
+    write_tokens(storage, pages.append(4).slots, [4, 5, 6, 7])
+    concatenate, calls = mx.concatenate, []
+
+    def out_of_memory_on_the_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise MemoryError("simulated: no room for layer 1's keys")
+        return concatenate(*args, **kwargs)
+
+    monkeypatch.setattr(mx, "concatenate", out_of_memory_on_the_second)
+    before = snapshot(pool)
+    with pytest.raises(MemoryError):
+        pages.append(1)
+    assert snapshot(pool) == before and pool.capacity == 2
+    assert {array.shape[0] for array in storage.keys + storage.values} == {2}
+    monkeypatch.undo()
+    write_tokens(storage, pages.append(1).slots, [8])
+    assert {array.shape[0] for array in storage.keys + storage.values} == {pool.capacity} == {4}
+    assert read_tokens(storage, pages.page_ids, pages.context_len) == [4, 5, 6, 7, 8]
+
+
 def test_storage_created_after_growth_matches_capacity(growable_pool: PagePool) -> None:
     growable_pool.allocate(5)
     storage = KVStorage(growable_pool, num_layers=1, num_kv_heads=1, head_dim=2, dtype=mx.float32)

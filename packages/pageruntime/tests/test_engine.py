@@ -253,6 +253,17 @@ def test_abort_frees_pages_at_once_and_reports_at_the_next_step(make_engine) -> 
     assert engine.stats.requests_aborted == 2
 
 
+@pytest.mark.parametrize("request_id", [True, 0.5, "0", None], ids=repr)
+def test_abort_takes_an_int_id_only(make_engine, request_id: object) -> None:
+    engine = make_engine()
+    engine.add_request([1, 2], SamplingParams(max_new_tokens=4))
+    engine.add_request([3, 4], SamplingParams(max_new_tokens=4))
+    with pytest.raises(TypeError, match=f"request_id must be an int, got {request_id!r}"):
+        engine.abort(request_id)
+    assert engine.pool.num_live == 0 and engine.has_unfinished()  # nothing admitted or ended
+    assert engine.stats.requests_aborted == 0
+
+
 def test_stream_yields_the_tokens_while_other_requests_run(make_engine) -> None:
     engine = make_engine()
     other = engine.add_request([3, 1, 4], SamplingParams(max_new_tokens=100))

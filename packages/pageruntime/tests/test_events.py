@@ -8,6 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from pageruntime import SamplingParams, configure_logging
+from pageruntime import stats as stats_module
 from pageruntime.testing import reference_output
 
 CORE_FIELDS = {"request_id", "step", "num_tokens", "num_pages"}
@@ -75,6 +76,15 @@ def test_quiet_logging_writes_nothing(make_engine, capsys) -> None:
 def test_configure_logging_rejects_unknown_formats() -> None:
     with pytest.raises(ValueError, match="'console', 'json' or 'quiet'"):
         configure_logging("xml")  # type: ignore[arg-type]
+
+
+def test_stats_keep_the_latest_step_times_only(monkeypatch, make_engine) -> None:
+    """A long-running engine keeps a window of step times, not one per step ever run."""
+    monkeypatch.setattr(stats_module, "STEP_TIMES_KEPT", 3)
+    engine = make_engine(num_pages=32, max_batch_size=1, prefill_step=8)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=6))
+    stats = engine.stats
+    assert stats.steps == 6 and len(stats.step_times) == 3  # 1 prefill + 5 decode steps
 
 
 def test_stats_count_steps_tokens_and_pages(make_engine) -> None:

@@ -85,10 +85,14 @@ def test_greedy_rows_ignore_sampled_rows_beside_them() -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=3.0, top_k=1), SamplingParams(temperature=3.0, top_p=1e-6)],
-    ids=["top-k-1", "tiny-top-p"],
+    [
+        SamplingParams(temperature=3.0, top_k=1),
+        SamplingParams(temperature=3.0, top_p=1e-6),
+        SamplingParams(temperature=1e-40),  # logits / T overflow float32 unless shifted first
+    ],
+    ids=["top-k-1", "tiny-top-p", "tiny-temperature"],
 )
-def test_a_one_token_filter_equals_greedy(params: SamplingParams) -> None:
+def test_a_one_token_choice_equals_greedy(params: SamplingParams) -> None:
     logits = _logits(B=4, seed=2)
     for index in range(10):
         tokens = sample_tokens(logits, [params] * 4, [index] * 4)

@@ -105,7 +105,6 @@ def test_soak_every_request_ends_as_it_does_alone(solo_outputs, admission, pool)
             assert (tuple(tokens[request_id]), reasons[request_id]) == (solo_tokens, solo_reason)
     stats = engine.stats
     assert stats.pool.num_live_pages == 0 and stats.pool.num_free_pages == pool["num_pages"]
-    assert stats.peak_live_pages <= pool["num_pages"]
     assert stats.requests_failed == 0
     assert stats.requests_finished + stats.requests_aborted == len(JOBS)
     assert stats.requests_aborted == sum(r is FinishReason.ABORTED for r in reasons.values()) > 0

@@ -214,16 +214,18 @@ class KVStorage:
             array[dst_ids] = array[src_ids]  # in place on the array object: the lists see it
 
     def _grow(self, old_capacity: int, new_capacity: int) -> int:
-        """Growth listener: enlarge every array to `new_capacity` pages; return bytes copied."""
+        """Growth listener: enlarge every array to `new_capacity` pages; return bytes copied.
+
+        All or nothing: the enlarged arrays are made and evaluated before any replaces its
+        layer, so a failure (out of memory, say) leaves every layer as it was."""
         if new_capacity <= self.num_pages:
             return 0
-        copied = 0
         extra = self._filled(new_capacity - self.num_pages)
-        for arrays in (self._keys, self._values):
-            for layer, array in enumerate(arrays):
-                copied += array.nbytes
-                arrays[layer] = mx.concatenate([array, extra], axis=0)
-        mx.eval(self._keys, self._values)
+        keys = [mx.concatenate([array, extra], axis=0) for array in self._keys]
+        values = [mx.concatenate([array, extra], axis=0) for array in self._values]
+        mx.eval(keys, values)
+        copied = sum(array.nbytes for array in self._keys + self._values)
+        self._keys[:], self._values[:] = keys, values  # the same lists: holders see the change
         return copied
 
     def _filled(self, num_pages: int) -> mx.array:

@@ -146,8 +146,11 @@ class Engine:
             True if it was unfinished, False if it had already finished.
 
         Raises:
+            TypeError: `request_id` is not an int (a bool is not one either).
             KeyError: No request with this id was ever submitted.
         """
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            raise TypeError(f"request_id must be an int, got {request_id!r}")
         if not 0 <= request_id < self._num_submitted:
             raise KeyError(
                 f"no request with id {request_id} (ids so far: 0..{self._num_submitted - 1})"

@@ -95,7 +95,12 @@ def sample_tokens(
         return greedy_tokens
     B, V = logits.shape
     temperature = mx.array([p.temperature if not p.greedy else 1.0 for p in params])
-    scaled = logits.astype(mx.float32) / temperature[:, None]
+    # Shifted so that the largest logit is 0 before the division: a tiny temperature then
+    # sends the others to -inf (as T -> 0 should) instead of the largest to +inf (NaN after).
+    logits = logits.astype(mx.float32)
+    row_max = logits.max(axis=-1, keepdims=True)
+    shifted = mx.where(mx.isfinite(row_max), logits - row_max, logits)
+    scaled = shifted / temperature[:, None]
     filtered = _filter_top_k_top_p(scaled, [p.top_k for p in params], [p.top_p for p in params])
     noise = mx.stack(
         [

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from pagepool import PoolMetrics
 from pageruntime.request import FinishReason
 
-__all__ = ["EngineStats", "StatsRecorder"]
+__all__ = ["STEP_TIMES_KEPT", "EngineStats", "StatsRecorder"]
+
+#: Step wall times kept (the latest ones): a serving engine runs for millions of steps.
+STEP_TIMES_KEPT = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -18,8 +22,9 @@ class EngineStats:
         steps: Steps that ran at least one model call.
         prefill_tokens: Tokens sent to prefill calls (recomputation included).
         decode_tokens: Tokens produced by decode calls (real rows only, no padding).
-        step_times: Wall time of every counted step, in seconds (planning, model calls, the
-            one host synchronisation, bookkeeping).
+        step_times: Wall time of the last `STEP_TIMES_KEPT` counted steps (all of them in a
+            shorter run), oldest first, in seconds (planning, model calls, the one host
+            synchronisation, bookkeeping).
         peak_live_pages: Most KV pages live at once.
         preemptions: Requests preempted (each preemption counts once).
         requests_finished: Requests that ended with stop, length or max_seq_len.
@@ -47,7 +52,7 @@ class StatsRecorder:
         self.steps = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
-        self.step_times: list[float] = []
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self._ends = {reason: 0 for reason in FinishReason}
 
     def record_step(self, seconds: float, *, prefill_tokens: int, decode_tokens: int) -> None:
