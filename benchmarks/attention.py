@@ -11,7 +11,8 @@ Every (repeat, path) runs in a fresh process (`--worker`), paths in alternating 
 is gated against `pagekernels`' readable reference before it is timed. See docs/performance.md.
 
     python3 benchmarks/attention.py --device gpu --json-output out/attention.json
-    .venv/bin/python benchmarks/attention.py --device cpu --quick
+    python3 benchmarks/attention.py --device gpu --quick    # a small grid (the CPU's default)
+    .venv/bin/python benchmarks/attention.py --device cpu
 """
 
 from __future__ import annotations
@@ -69,7 +70,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     default_device = "gpu" if mx.cuda.is_available() else "cpu"
     parser.add_argument("--device", choices=("cpu", "gpu"), default=default_device)
-    parser.add_argument("--quick", action="store_true", help="small grid, 2 repeats (smoke test)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small grid, 2 repeats (smoke test; the CPU's defaults already are this grid)",
+    )
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--batches", nargs="+", type=int)
     parser.add_argument("--contexts", nargs="+", type=int)

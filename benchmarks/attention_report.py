@@ -15,6 +15,10 @@ from attention_workload import Shape
 
 __all__ = ["aggregate", "summary_rows", "format_table"]
 
+# A cell takes the first of these that any of its processes reported (repeats use other seeds:
+# a kernel wrong on some inputs fails one process only).
+_STATUS_BY_SEVERITY = ("gate_failed", "error", "ok")
+
 _PROCESS_FIELDS = (
     "repeat",
     "order",
@@ -35,9 +39,10 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
 
     Returns:
         Cells sorted by op, page size, batch, context, path. Each has `path`, `shape`,
-        `status` ("ok" when at least one process timed it), `median_us` (median of process
-        medians), `spread_us` (min/max process median), `*_bytes`, `*_gbps` (bytes / median
-        time), `tflops` for attention, and `processes` with every sample.
+        `status` ("ok" only when every process timed it; else the worst status among them:
+        a correctness gate failed in any process, then an error), `median_us` (median of the
+        timed processes' medians), `spread_us` (min/max process median), `*_bytes`, `*_gbps`
+        (bytes / median time), `tflops` for attention, and `processes` with every sample.
     """
     groups: dict[tuple[str, tuple], list[dict]] = defaultdict(list)
     for record in records:
@@ -48,7 +53,8 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
         shape = Shape(**dict(key))
         timed = [r for r in group if r["status"] == "ok"]
         cell: dict = {"path": path, "label": shape.label(), "shape": shape.to_dict()}
-        cell["status"] = "ok" if timed else group[-1]["status"]
+        statuses = {r["status"] for r in group}
+        cell["status"] = next(s for s in _STATUS_BY_SEVERITY if s in statuses)
         cell["processes"] = [{f: r[f] for f in _PROCESS_FIELDS if f in r} for r in group]
         bytes_moved = group[-1].get("bytes", {})
         cell.update(bytes_moved)

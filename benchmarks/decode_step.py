@@ -273,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json-output", type=Path)
     args = parser.parse_args(argv)
-    if args.step_only and args.attention_splits:
-        parser.error("--attention-splits times more than the step: drop --step-only")
+    if args.step_only and (args.attention_splits or args.kernel_trace or args.json_output):
+        parser.error(
+            "--step-only prints the step's times only: drop --attention-splits, "
+            "--kernel-trace and --json-output, or --step-only"
+        )
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     dtype = DTYPES[args.dtype]
 

@@ -119,7 +119,11 @@ def _attention_curves(document: dict, out: Path, stem: str) -> list[Path]:
             )
             ax.grid(True, which="both", alpha=0.3)
         axes[0].legend(fontsize=7)
-        title = f"decode attention {suffix} (Hq 32 / Hkv 8 / D 128) - {_subtitle(document)}"
+        heads = document["config"]
+        title = (
+            f"decode attention {suffix} (Hq {heads['heads_q']} / Hkv {heads['heads_kv']} / "
+            f"D {heads['head_dim']}) - {_subtitle(document)}"
+        )
         written.append(_save(fig, out / f"{stem}-decode-{suffix}.png", title))
     return written
 

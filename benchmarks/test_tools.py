@@ -17,6 +17,7 @@ import ab_table
 import admission_sweep
 import attention
 import attention_worker
+import decode_step
 import kernel_time
 import metadata_placement
 import mlx.core as mx
@@ -153,6 +154,26 @@ def test_aggregate_takes_the_median_of_process_medians() -> None:
     assert cell["median_us"] == 20.0 and cell["spread_us"] == [10.0, 30.0]
     assert cell["kv_gbps"] == pytest.approx(524288 / 20e-6 / 1e9)
     assert len(cell["processes"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        (["ok", "gate_failed", "ok"], "gate_failed"),
+        (["error", "ok"], "error"),
+        (["error", "gate_failed"], "gate_failed"),
+        (["ok", "ok"], "ok"),
+    ],
+)
+def test_a_cell_is_ok_only_when_every_process_is(statuses: list[str], expected: str) -> None:
+    """Repeats run other seeds: one failed correctness gate fails the cell."""
+    shape = Shape(batch=1, context=128, page_size=16).to_dict()
+    records = [
+        {"path": "paged", "shape": shape, "status": status, "median_us": 10.0, "repeat": i}
+        for i, status in enumerate(statuses)
+    ]
+    (cell,) = aggregate(records)
+    assert cell["status"] == expected
 
 
 def test_attention_cli_end_to_end(tmp_path: Path, capsys) -> None:
@@ -320,6 +341,18 @@ def test_a_wrong_kernel_fails_the_gate_and_is_not_timed(path: str, on_cpu) -> No
     results = attention_worker._attention_cell(_small_shape(2), cfg, off_by_ten_percent, reference)
     assert results[0]["path"] == path and results[0]["status"] == "gate_failed"
     assert not results[0]["gate"]["ok"] and "samples_us" not in results[0]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--json-output", "out.json"], ["--kernel-trace"], ["--attention-splits", "2"]],
+    ids=["json", "kernel-trace", "splits"],
+)
+def test_decode_step_rejects_what_step_only_would_ignore(capsys, flags: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        decode_step.main(["--device", "cpu", "--step-only", *flags])
+    assert exit_.value.code == 2
+    assert "--step-only prints the step's times only" in capsys.readouterr().err
 
 
 def test_decode_step_plot_from_the_h200_records(tmp_path: Path) -> None:
