@@ -40,9 +40,10 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
     Returns:
         Cells sorted by op, page size, batch, context, path. Each has `path`, `shape`,
         `status` ("ok" only when every process timed it; else the worst status among them:
-        a correctness gate failed in any process, then an error), `median_us` (median of the
-        timed processes' medians), `spread_us` (min/max process median), `*_bytes`, `*_gbps`
-        (bytes / median time), `tflops` for attention, and `processes` with every sample.
+        a correctness gate failed in any process, then an error), and for ok cells only (the
+        tables print no figure for a failed one) `median_us` (median of the processes'
+        medians), `spread_us` (min/max process median), `*_gbps` (bytes / median time) and
+        `tflops` for attention; every cell has `*_bytes` and `processes` with every sample.
     """
     groups: dict[tuple[str, tuple], list[dict]] = defaultdict(list)
     for record in records:
@@ -58,7 +59,7 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
         cell["processes"] = [{f: r[f] for f in _PROCESS_FIELDS if f in r} for r in group]
         bytes_moved = group[-1].get("bytes", {})
         cell.update(bytes_moved)
-        if timed:
+        if cell["status"] == "ok":
             medians = [r["median_us"] for r in timed]
             seconds = statistics.median(medians) * 1e-6
             cell["median_us"] = seconds * 1e6

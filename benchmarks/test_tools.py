@@ -174,6 +174,7 @@ def test_a_cell_is_ok_only_when_every_process_is(statuses: list[str], expected: 
     ]
     (cell,) = aggregate(records)
     assert cell["status"] == expected
+    assert ("median_us" in cell) == (expected == "ok")  # no figure printed for a failed cell
 
 
 def test_attention_cli_end_to_end(tmp_path: Path, capsys) -> None:

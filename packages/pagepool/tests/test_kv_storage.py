@@ -253,28 +253,37 @@ def test_storage_grows_with_the_pool_and_reports_copied_bytes() -> None:
     assert mx.isnan(storage.keys[1][mx.array(unused)]).all().item()
 
 
-def test_a_growth_that_fails_part_way_leaves_every_layer_as_it_was(monkeypatch) -> None:
-    """Out of memory while the second array grows: no layer is enlarged, the append fails
-    and changes nothing, and the retry grows every layer."""
+@pytest.mark.parametrize(
+    ("function", "failing_call"),
+    [("eval", 1), ("concatenate", 2)],
+    ids=["evaluation", "second-array"],
+)
+def test_a_growth_that_fails_leaves_every_layer_as_it_was(
+    monkeypatch, function: str, failing_call: int
+) -> None:
+    """Out of memory while the enlarged arrays are evaluated (where MLX reports it) or built:
+    no layer is replaced, the append fails and changes nothing, and the retry grows every
+    layer."""
     pool = PagePool(page_size=2, num_pages=2, growable=True)
     storage = KVStorage(pool, num_layers=2, num_kv_heads=1, head_dim=3, dtype=mx.float32)
     pages = PageList(pool)
     write_tokens(storage, pages.append(4).slots, [4, 5, 6, 7])
-    concatenate, calls = mx.concatenate, []
+    arrays_before = storage.keys + storage.values
+    real, calls = getattr(mx, function), []
 
-    def out_of_memory_on_the_second(*args, **kwargs):
+    def out_of_memory(*args, **kwargs):
         calls.append(args)
-        if len(calls) == 2:
-            raise MemoryError("simulated: no room for layer 1's keys")
-        return concatenate(*args, **kwargs)
+        if len(calls) == failing_call:
+            raise MemoryError(f"simulated: mx.{function} out of memory")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(mx, "concatenate", out_of_memory_on_the_second)
+    monkeypatch.setattr(mx, function, out_of_memory)
     before = snapshot(pool)
     with pytest.raises(MemoryError):
         pages.append(1)
-    assert snapshot(pool) == before and pool.capacity == 2
-    assert {array.shape[0] for array in storage.keys + storage.values} == {2}
     monkeypatch.undo()
+    assert snapshot(pool) == before and pool.capacity == 2
+    assert all(a is b for a, b in zip(storage.keys + storage.values, arrays_before, strict=True))
     write_tokens(storage, pages.append(1).slots, [8])
     assert {array.shape[0] for array in storage.keys + storage.values} == {pool.capacity} == {4}
     assert read_tokens(storage, pages.page_ids, pages.context_len) == [4, 5, 6, 7, 8]

@@ -253,6 +253,13 @@ def test_abort_frees_pages_at_once_and_reports_at_the_next_step(make_engine) -> 
     assert engine.stats.requests_aborted == 2
 
 
+def test_abort_takes_numpy_integers(make_engine) -> None:
+    engine = make_engine()
+    request_id = engine.add_request([1, 2], SamplingParams(max_new_tokens=4))
+    assert engine.abort(np.int64(request_id)) is True
+    assert engine.step()[0].finish_reason is FinishReason.ABORTED
+
+
 @pytest.mark.parametrize("request_id", [True, 0.5, "0", None], ids=repr)
 def test_abort_takes_an_int_id_only(make_engine, request_id: object) -> None:
     engine = make_engine()

@@ -88,9 +88,11 @@ def test_greedy_rows_ignore_sampled_rows_beside_them() -> None:
     [
         SamplingParams(temperature=3.0, top_k=1),
         SamplingParams(temperature=3.0, top_p=1e-6),
-        SamplingParams(temperature=1e-40),  # logits / T overflow float32 unless shifted first
+        SamplingParams(temperature=1e-30),  # logits / T overflow float32 unless shifted first
+        SamplingParams(temperature=1e-40),  # a subnormal in float32
+        SamplingParams(temperature=1e-300),  # zero in float32
     ],
-    ids=["top-k-1", "tiny-top-p", "tiny-temperature"],
+    ids=["top-k-1", "tiny-top-p", "tiny-temperature", "subnormal-temperature", "zero-in-float32"],
 )
 def test_a_one_token_choice_equals_greedy(params: SamplingParams) -> None:
     logits = _logits(B=4, seed=2)

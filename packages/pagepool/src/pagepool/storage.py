@@ -225,7 +225,7 @@ class KVStorage:
         values = [mx.concatenate([array, extra], axis=0) for array in self._values]
         mx.eval(keys, values)
         copied = sum(array.nbytes for array in self._keys + self._values)
-        self._keys[:], self._values[:] = keys, values  # the same lists: holders see the change
+        self._keys, self._values = keys, values
         return copied
 
     def _filled(self, num_pages: int) -> mx.array:

@@ -9,6 +9,7 @@ before it synchronises (see `pageruntime.step_loop`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 
 from pagepool import PagePool, pages_for
@@ -146,11 +147,12 @@ class Engine:
             True if it was unfinished, False if it had already finished.
 
         Raises:
-            TypeError: `request_id` is not an int (a bool is not one either).
+            TypeError: `request_id` is not an integer (NumPy's count; a bool does not).
             KeyError: No request with this id was ever submitted.
         """
-        if isinstance(request_id, bool) or not isinstance(request_id, int):
+        if isinstance(request_id, bool) or not hasattr(type(request_id), "__index__"):
             raise TypeError(f"request_id must be an int, got {request_id!r}")
+        request_id = operator.index(request_id)
         if not 0 <= request_id < self._num_submitted:
             raise KeyError(
                 f"no request with id {request_id} (ids so far: 0..{self._num_submitted - 1})"

@@ -15,6 +15,10 @@ import mlx.core as mx
 __all__ = ["SamplingParams", "sample_tokens", "token_key"]
 
 _MASK64 = (1 << 64) - 1
+# Temperatures are applied in float32: smaller ones would round to zero (0 / 0 at the argmax)
+# or to a subnormal that a GPU may flush to zero. This one still sends every other logit to
+# -inf or far below, so the row samples its argmax, as T -> 0 should.
+_SMALLEST_TEMPERATURE = 2.0**-126  # float32's smallest normal number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +98,9 @@ def sample_tokens(
     if all(p.greedy for p in params):
         return greedy_tokens
     B, V = logits.shape
-    temperature = mx.array([p.temperature if not p.greedy else 1.0 for p in params])
+    temperature = mx.array(
+        [max(p.temperature, _SMALLEST_TEMPERATURE) if not p.greedy else 1.0 for p in params]
+    )
     # Shifted so that the largest logit is 0 before the division: a tiny temperature then
     # sends the others to -inf (as T -> 0 should) instead of the largest to +inf (NaN after).
     logits = logits.astype(mx.float32)
