@@ -15,7 +15,6 @@ from pagepool import BatchMetadata, KVStorage, PageList, PagePool
 from qwen3model import (
     AttentionMode,
     DenseKVStore,
-    ModelArgs,
     QuantizationArgs,
     Qwen3Model,
     build_synthetic,
@@ -24,51 +23,11 @@ from qwen3model import (
 PROMPT = list(b"Paged attention reads K/V through a block table.")
 
 
-def numpy_qwen3_logits(model: Qwen3Model, tokens: list[int]) -> np.ndarray:
-    """Hugging Face's Qwen3 forward written out in float64 numpy; logits `[L, vocab]`."""
-    args: ModelArgs = model.args
-    w = {name: np.array(a, dtype=np.float64) for name, a in model.checkpoint_weights().items()}
-    eps, D = args.rms_norm_eps, args.head_dim
-    Hq, Hkv, L = args.num_attention_heads, args.num_key_value_heads, len(tokens)
-
-    def rms_norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
-
-    inv_freq = args.rope_theta ** (-np.arange(0, D, 2) / D)
-    angles = np.arange(L)[:, None] * inv_freq[None, :]  # [L, D/2]
-    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
-
-    def rope(x: np.ndarray) -> np.ndarray:  # x [H, L, D]; rotate_half as in transformers
-        rotated = np.concatenate([-x[..., D // 2 :], x[..., : D // 2]], -1)
-        return x * cos + rotated * sin
-
-    h = w["model.embed_tokens.weight"][tokens]
-    for i in range(args.num_hidden_layers):
-        p = f"model.layers.{i}."
-        x = rms_norm(h, w[p + "input_layernorm.weight"])
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(L, Hq, D)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(L, Hkv, D)
-        v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(L, Hkv, D).transpose(1, 0, 2)
-        q = rope(rms_norm(q, w[p + "self_attn.q_norm.weight"]).transpose(1, 0, 2))
-        k = rope(rms_norm(k, w[p + "self_attn.k_norm.weight"]).transpose(1, 0, 2))
-        k, v = np.repeat(k, Hq // Hkv, 0), np.repeat(v, Hq // Hkv, 0)
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(D)
-        scores = np.where(np.tril(np.ones((L, L), bool)), scores, -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        attn = (probs @ v).transpose(1, 0, 2).reshape(L, Hq * D)
-        h = h + attn @ w[p + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, w[p + "post_attention_layernorm.weight"])
-        gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
-        h = h + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
-    h = rms_norm(h, w["model.norm.weight"])
-    return h @ w["model.embed_tokens.weight"].T
-
-
 @pytest.mark.parametrize("mode", list(AttentionMode))
-def test_prefill_matches_numpy_qwen3(backend, prefill, mode: AttentionMode) -> None:
+def test_prefill_matches_numpy_qwen3(backend, prefill, numpy_qwen3, mode: AttentionMode) -> None:
     model, _ = build_synthetic("qwen3-tiny", backend=backend, attention_mode=mode)
-    expected = mx.array(numpy_qwen3_logits(model, PROMPT)[-1], dtype=mx.float32)
+    logits = numpy_qwen3(model.checkpoint_weights(), PROMPT, model.args)
+    expected = mx.array(logits[-1], dtype=mx.float32)
     got = prefill(model, PROMPT, page_size=8)
     np.testing.assert_allclose(nn.log_softmax(got), nn.log_softmax(expected), atol=1e-4)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pagepool import BatchMetadata, PageList, PagePool
-from qwen3model import Tokenizer, load_model
+from qwen3model import ModelArgs, Tokenizer, load_model
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 2, 64, 8, 2, 32, 96, 259
 EPS, THETA = 1e-3, 1e4
@@ -34,6 +34,19 @@ CONFIG = {
     "tie_word_embeddings": False,
     "rope_scaling": None,
 }
+# The oracle's own arguments, built here rather than parsed from CONFIG as the model does.
+ORACLE_ARGS = ModelArgs(
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    intermediate_size=MLP,
+    vocab_size=VOCAB,
+    rms_norm_eps=EPS,
+    rope_theta=THETA,
+    tie_word_embeddings=False,
+)
 PROMPT = list(b"The quick brown fox jumps over the lazy dog, again and again.")
 
 
@@ -69,47 +82,8 @@ def make_weights(seed: int = 0) -> dict[str, np.ndarray]:
     return weights
 
 
-def numpy_qwen3(w: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
-    """float64 logits `[L, vocab]` of every position, written from the Qwen3 equations."""
-    n = len(tokens)
-
-    def rms_norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * weight
-
-    angles = np.arange(n)[:, None] * THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
-    cos, sin = np.cos(np.tile(angles, 2)), np.sin(np.tile(angles, 2))
-
-    def rope(x: np.ndarray) -> np.ndarray:  # [heads, L, D], halves rotated (Hugging Face's)
-        half = HEAD_DIM // 2
-        return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
-
-    def heads(x: np.ndarray, count: int) -> np.ndarray:
-        return x.reshape(n, count, HEAD_DIM).transpose(1, 0, 2)
-
-    causal = np.tril(np.ones((n, n), bool))
-    h = w["model.embed_tokens.weight"][tokens]
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        x = rms_norm(h, w[p + "input_layernorm.weight"])
-        q = heads(x @ w[p + "self_attn.q_proj.weight"].T, HEADS)
-        q = rope(rms_norm(q, w[p + "self_attn.q_norm.weight"]))
-        k = heads(x @ w[p + "self_attn.k_proj.weight"].T, KV_HEADS)
-        k = rope(rms_norm(k, w[p + "self_attn.k_norm.weight"]))
-        v = heads(x @ w[p + "self_attn.v_proj.weight"].T, KV_HEADS)
-        k, v = np.repeat(k, HEADS // KV_HEADS, 0), np.repeat(v, HEADS // KV_HEADS, 0)
-        scores = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(HEAD_DIM), -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        attention = (probs @ v).transpose(1, 0, 2).reshape(n, HEADS * HEAD_DIM)
-        h = h + attention @ w[p + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, w[p + "post_attention_layernorm.weight"])
-        gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
-        h = h + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
-    return rms_norm(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, numpy_qwen3) -> tuple[Path, np.ndarray]:
     """A Hugging Face directory with the weights (float32), and the oracle's logits."""
     weights = make_weights()
     directory = tmp_path_factory.mktemp("qwen3-off-defaults")
@@ -119,7 +93,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarr
         {name: mx.array(array.astype(np.float32)) for name, array in weights.items()},
     )
     Tokenizer.byte_level().save(directory)
-    return directory, numpy_qwen3(weights, PROMPT)
+    return directory, numpy_qwen3(weights, PROMPT, ORACLE_ARGS)
 
 
 @pytest.mark.parametrize("mode", ["paged", "gather", "dense"])

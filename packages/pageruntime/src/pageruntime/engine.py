@@ -9,7 +9,6 @@ before it synchronises (see `pageruntime.step_loop`).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 
 from pagepool import PagePool, pages_for
@@ -22,6 +21,7 @@ from pageruntime.stats import EngineStats
 from pageruntime.step_loop import StepLoop
 from pageruntime.stream import TokenStream
 from pageruntime.validation import (
+    as_int,
     check_engine_arguments,
     check_kv_store,
     check_model,
@@ -150,9 +150,10 @@ class Engine:
             TypeError: `request_id` is not an integer (NumPy's count; a bool does not).
             KeyError: No request with this id was ever submitted.
         """
-        if isinstance(request_id, bool) or not hasattr(type(request_id), "__index__"):
+        index = None if isinstance(request_id, bool) else as_int(request_id)
+        if index is None:
             raise TypeError(f"request_id must be an int, got {request_id!r}")
-        request_id = operator.index(request_id)
+        request_id = index
         if not 0 <= request_id < self._num_submitted:
             raise KeyError(
                 f"no request with id {request_id} (ids so far: 0..{self._num_submitted - 1})"

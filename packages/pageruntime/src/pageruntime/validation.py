@@ -13,7 +13,13 @@ from pageruntime.protocols import KVStore, StepModel
 from pageruntime.sampling import SamplingParams
 from pageruntime.scheduler import AdmissionPolicy
 
-__all__ = ["check_engine_arguments", "check_kv_store", "check_model", "validated_request"]
+__all__ = [
+    "as_int",
+    "check_engine_arguments",
+    "check_kv_store",
+    "check_model",
+    "validated_request",
+]
 
 _TOKEN_ID_LIMIT = 2**31  # token ids travel as int32
 
@@ -111,7 +117,7 @@ def validated_request(
 
 def _token_id(value: object, where: str, vocab_size: int) -> int:
     """`value` as a token id of the model, or `RequestRejected` naming it and its index."""
-    token = None if isinstance(value, bool) else _as_int(value)
+    token = None if isinstance(value, bool) else as_int(value)
     if token is None or not 0 <= token < vocab_size:
         raise RequestRejected(
             f"{where}={value!r:.40} is not a token id of the model: expected an int in "
@@ -125,7 +131,7 @@ def _check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def _as_int(value: object) -> int | None:
+def as_int(value: object) -> int | None:
     """`value` as an int (numpy integers included), or None if it is not an integer."""
     try:
         return operator.index(value)  # type: ignore[arg-type]
